@@ -1,0 +1,162 @@
+"""The broker's network side: accept connections, read request frames, answer
+them in order, and shut down cleanly.
+
+In: a `BrokerConfig`. Out: a running asyncio server until SIGTERM or SIGINT,
+after which every partition is flushed, its segments closed and the recovery
+checkpoint written.
+
+Each connection is served one request at a time, as Kafka does (it mutes a
+channel while a request is in progress), so responses leave in request
+order. A frame that cannot be parsed, is oversized or asks for an
+unsupported version closes that connection only; every other connection
+keeps being served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import signal
+import struct
+import time
+
+from .codec import API_VERSIONS_KEY, ProtocolError, UnsupportedVersion, decode_request, encode_response
+from .config import BrokerConfig
+from .handlers import SUPPORTED, Handlers
+from .state import BrokerState
+
+log = logging.getLogger("faultline.broker.server")
+
+WRITE_BUFFER_HIGH = 1 << 20
+
+
+class BrokerServer:
+    def __init__(self, config: BrokerConfig):
+        self.config = config
+        self.state: BrokerState | None = None
+        self.handlers: Handlers | None = None
+        self._server: asyncio.base_events.Server | None = None
+        self._connections: set[asyncio.Task] = set()
+        self._stopping = asyncio.Event()
+
+    async def start(self) -> None:
+        started = time.monotonic()
+        self.state = BrokerState(self.config)
+        self.handlers = Handlers(self.state)
+        self._server = await asyncio.start_server(
+            self._accept, self.config.host, self.config.port, reuse_address=True, limit=1 << 20
+        )
+        log.info(
+            "broker %d serving on %s:%d (data %s, %d topics recovered in %.0f ms, pid %d)",
+            self.config.node_id, self.config.host, self.config.port, self.config.data_dir,
+            len(self.state.topics), (time.monotonic() - started) * 1000, os.getpid(),
+        )
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+
+    async def serve_until_stopped(self) -> None:
+        flusher = asyncio.create_task(self._flusher())
+        await self._stopping.wait()
+        log.info("shutting down: closing the listener and %d connections", len(self._connections))
+        flusher.cancel()
+        self._server.close()
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+        self.state.shutdown()
+        log.info("shut down cleanly: all partitions flushed, recovery checkpoint written")
+
+    async def _flusher(self) -> None:
+        interval_ms = self.config["log.flush.interval.ms"]
+        tick_ms = min(self.config["log.flush.scheduler.interval.ms"], interval_ms or 2**62)
+        if interval_ms is None and tick_ms >= 2**62:
+            return
+        tick = max(tick_ms / 1000, 0.001)
+        while True:
+            await asyncio.sleep(min(tick, 1.0))
+            self.state.flush_due()
+
+    # -- connections -------------------------------------------------------------------
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self._connections.add(task)
+        peer = writer.get_extra_info("peername")
+        try:
+            await self._serve(reader, writer, peer)
+        except asyncio.CancelledError:
+            pass
+        finally:
+            self._connections.discard(task)
+            writer.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer) -> None:
+        max_size = self.config["socket.request.max.bytes"]
+        while True:
+            try:
+                (size,) = struct.unpack(">i", await reader.readexactly(4))
+                if size <= 0 or size > max_size:
+                    log.warning("closing %s: request frame of %d bytes (socket.request.max.bytes=%d)",
+                                peer, size, max_size)
+                    return
+                frame = await reader.readexactly(size)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return
+            response = await self._answer(frame, peer)
+            if response is False:
+                return
+            if response is None:
+                continue
+            writer.write(response)
+            if writer.transport.get_write_buffer_size() > WRITE_BUFFER_HIGH:
+                try:
+                    await writer.drain()
+                except ConnectionError:
+                    return
+
+    async def _answer(self, frame: bytes, peer) -> bytes | None | bool:
+        """The response frame; None for no response; False to close the connection."""
+        try:
+            request = decode_request(frame, SUPPORTED)
+        except UnsupportedVersion as exc:
+            if exc.api_key == API_VERSIONS_KEY:
+                # A client newer than this broker: answer v0 with the versions we have.
+                from kio.schema.errors import ErrorCode
+
+                body = self.handlers.api_versions_body(ErrorCode.unsupported_version)
+                return encode_response(API_VERSIONS_KEY, 0, exc.correlation_id, body)
+            log.warning("closing %s: %s", peer, exc)
+            return False
+        except ProtocolError as exc:
+            log.warning("closing %s: %s", peer, exc)
+            return False
+        try:
+            result = self.handlers.handle(request)
+            if inspect.isawaitable(result):
+                result = await result
+            if result is None:
+                return None
+            return encode_response(request.api_key, request.version, request.correlation_id, result)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("closing %s: internal error answering api %d v%d", peer, request.api_key, request.version)
+            return False
+
+
+def run(config: BrokerConfig) -> int:
+    """Run the broker in the foreground until SIGTERM or SIGINT. Returns the exit status."""
+
+    async def main() -> None:
+        server = BrokerServer(config)
+        await server.start()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, server.request_stop)
+        await server.serve_until_stopped()
+
+    asyncio.run(main())
+    return 0

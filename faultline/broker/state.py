@@ -1,0 +1,269 @@
+"""What one broker holds on disk: its identity, topics, partition logs,
+producer id reservations and recovery points.
+
+In: the broker's config (its data directory above all). Out: a `BrokerState`
+that opens every partition log found there (recovering torn tails),
+creates topics, hands out producer ids that no restart reuses, appends
+produce batches under the idempotence rules, and flushes and checkpoints on
+demand and at shutdown.
+
+Files in the data directory, named as Kafka names them:
+    meta.properties                     broker.id and cluster.id
+    recovery-point-offset-checkpoint    per partition, the offset below which all is fsynced
+    producer-id-block                   the first producer id not yet reserved
+    <topic>-<partition>/partition.metadata  the topic's id
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kio.schema.errors import ErrorCode
+
+from .config import BrokerConfig
+from .log import PartitionLog
+from .producer_state import Duplicate, ProducerStateError
+from .records import BatchHeader, CorruptBatch, check_batch, iter_headers, set_log_append_time, with_offsets
+
+log = logging.getLogger("faultline.broker.state")
+
+TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+CHECKPOINT_FILE = "recovery-point-offset-checkpoint"
+PRODUCER_ID_FILE = "producer-id-block"
+
+
+class BrokerError(Exception):
+    """An error answered to the client with a Kafka error code."""
+
+    def __init__(self, code: ErrorCode, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Topic:
+    name: str
+    topic_id: uuid.UUID
+    partitions: list[PartitionLog] = field(default_factory=list)
+
+
+@dataclass
+class AppendResult:
+    base_offset: int
+    last_offset: int
+    log_append_time: int
+    duplicate: bool
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class BrokerState:
+    def __init__(self, config: BrokerConfig):
+        self.config = config
+        self.node_id = config.node_id
+        self.data_dir = config.data_dir
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.cluster_id = self._load_identity()
+        self.topics: dict[str, Topic] = {}
+        self._load_topics()
+        self._next_producer_id, self._reserved_until = self._load_producer_ids()
+
+    # -- start-up --------------------------------------------------------------
+
+    def _load_identity(self) -> str:
+        path = self.data_dir / "meta.properties"
+        if path.exists():
+            props = dict(
+                line.split("=", 1) for line in path.read_text().splitlines() if "=" in line and not line.startswith("#")
+            )
+            stored = int(props.get("broker.id", self.node_id))
+            if stored != self.node_id:
+                raise SystemExit(
+                    f"{path} says this data directory belongs to broker {stored}, not {self.node_id}: "
+                    f"start with --node-id {stored}, or give a different --data-dir"
+                )
+            return props.get("cluster.id", "faultline")
+        cluster_id = uuid.uuid4().hex[:22]
+        _write_atomically(path, f"version=0\nbroker.id={self.node_id}\ncluster.id={cluster_id}\n")
+        return cluster_id
+
+    def _read_checkpoint(self) -> dict[tuple[str, int], int]:
+        path = self.data_dir / CHECKPOINT_FILE
+        points: dict[tuple[str, int], int] = {}
+        if not path.exists():
+            return points
+        lines = path.read_text().splitlines()
+        for line in lines[2:]:
+            parts = line.split()
+            if len(parts) == 3:
+                points[(parts[0], int(parts[1]))] = int(parts[2])
+        return points
+
+    def write_checkpoint(self) -> None:
+        rows = [
+            f"{t.name} {i} {p.recovery_point}"
+            for t in self.topics.values()
+            for i, p in enumerate(t.partitions)
+        ]
+        _write_atomically(self.data_dir / CHECKPOINT_FILE, "0\n%d\n%s" % (len(rows), "".join(r + "\n" for r in rows)))
+
+    def _load_topics(self) -> None:
+        points = self._read_checkpoint()
+        found: dict[str, dict[int, Path]] = {}
+        for entry in sorted(self.data_dir.iterdir()):
+            if not entry.is_dir():
+                continue
+            name, sep, index = entry.name.rpartition("-")
+            if not sep or not index.isdigit() or not TOPIC_NAME.match(name):
+                continue
+            found.setdefault(name, {})[int(index)] = entry
+        for name, dirs in found.items():
+            count = max(dirs) + 1
+            if sorted(dirs) != list(range(count)):
+                log.warning("topic %s has partition directories %s; creating the missing ones", name, sorted(dirs))
+            topic_id = None
+            for d in dirs.values():
+                meta = d / "partition.metadata"
+                if meta.exists():
+                    for line in meta.read_text().splitlines():
+                        if line.startswith("topic_id:"):
+                            topic_id = uuid.UUID(line.split(":", 1)[1].strip())
+            topic = Topic(name, topic_id or uuid.uuid4())
+            for i in range(count):
+                started = time.monotonic()
+                plog = PartitionLog(self.data_dir / f"{name}-{i}", self.config, points.get((name, i), 0))
+                topic.partitions.append(plog)
+                log.info("loaded %s-%d: offsets %d..%d, %d bytes, %d producers, in %.0f ms",
+                         name, i, plog.log_start_offset, plog.log_end_offset, plog.size,
+                         len(plog.producers.producers), (time.monotonic() - started) * 1000)
+            self.topics[name] = topic
+
+    def _load_producer_ids(self) -> tuple[int, int]:
+        path = self.data_dir / PRODUCER_ID_FILE
+        stored = int(path.read_text().strip() or 0) if path.exists() else 0
+        seen = max(
+            (p.producers.max_producer_id() for t in self.topics.values() for p in t.partitions),
+            default=-1,
+        )
+        start = max(stored, seen + 1)
+        return start, start
+
+    # -- topics ----------------------------------------------------------------
+
+    def create_topic(self, name: str, partitions: int) -> Topic:
+        if not TOPIC_NAME.match(name) or name in (".", ".."):
+            raise BrokerError(
+                ErrorCode.invalid_topic_exception,
+                f"topic name {name!r} is not legal: use 1 to 249 of a-z A-Z 0-9 . _ -",
+            )
+        if name in self.topics:
+            raise BrokerError(ErrorCode.topic_already_exists, f"topic {name!r} already exists")
+        if partitions < 1:
+            raise BrokerError(ErrorCode.invalid_partitions, f"{partitions} partitions: a topic has at least 1")
+        topic = Topic(name, uuid.uuid4())
+        for i in range(partitions):
+            directory = self.data_dir / f"{name}-{i}"
+            plog = PartitionLog(directory, self.config)
+            _write_atomically(directory / "partition.metadata", f"version: 0\ntopic_id: {topic.topic_id}\n")
+            topic.partitions.append(plog)
+        self.topics[name] = topic
+        self.write_checkpoint()
+        log.info("created topic %s with %d partitions (id %s)", name, partitions, topic.topic_id)
+        return topic
+
+    def partition(self, topic: str, index: int) -> PartitionLog:
+        t = self.topics.get(topic)
+        if t is None or not 0 <= index < len(t.partitions):
+            raise BrokerError(ErrorCode.unknown_topic_or_partition, f"{topic}-{index} does not exist here")
+        return t.partitions[index]
+
+    # -- producer ids ------------------------------------------------------------
+
+    def allocate_producer_id(self) -> int:
+        if self._next_producer_id >= self._reserved_until:
+            self._reserved_until = self._next_producer_id + self.config["producer.id.block.size"]
+            _write_atomically(self.data_dir / PRODUCER_ID_FILE, f"{self._reserved_until}\n")
+        pid = self._next_producer_id
+        self._next_producer_id += 1
+        return pid
+
+    # -- appends -------------------------------------------------------------------
+
+    def append(self, plog: PartitionLog, records: bytes | None) -> AppendResult:
+        """Validate a producer's batch and append it under the idempotence rules."""
+        if not records:
+            raise BrokerError(ErrorCode.invalid_record, "the produce request carries no record batch")
+        if len(records) > self.config["message.max.bytes"]:
+            raise BrokerError(
+                ErrorCode.message_too_large,
+                f"a batch of {len(records)} bytes exceeds message.max.bytes={self.config['message.max.bytes']}",
+            )
+        try:
+            header = check_batch(records)
+        except CorruptBatch as exc:
+            raise BrokerError(ErrorCode.corrupt_message, str(exc)) from None
+        if header.size != len(records):
+            more = sum(1 for _ in iter_headers(records))
+            raise BrokerError(
+                ErrorCode.invalid_record,
+                f"a produce request must carry exactly one record batch per partition, not {max(more, 2)}",
+            )
+        if header.is_transactional or header.is_control:
+            raise BrokerError(
+                ErrorCode.invalid_record, "transactional and control batches are not accepted by this broker yet"
+            )
+        try:
+            verdict = plog.producers.check(header)
+        except ProducerStateError as exc:
+            raise BrokerError(exc.code, str(exc)) from None
+        if isinstance(verdict, Duplicate):
+            return AppendResult(verdict.first_offset, verdict.last_offset, -1, True)
+        base = plog.log_end_offset
+        batch = with_offsets(records, base, plog.leader_epoch)
+        append_time = -1
+        if self.config["log.message.timestamp.type"] == "LogAppendTime":
+            append_time = int(time.time() * 1000)
+            set_log_append_time(batch, append_time)
+        appended = BatchHeader._make((base,) + tuple(header[1:]))
+        plog.append(batch, appended)
+        plog.high_watermark = plog.log_end_offset  # one replica: the leader is the whole ISR
+        return AppendResult(base, appended.last_offset, append_time, False)
+
+    # -- flushing -----------------------------------------------------------------
+
+    def flush_due(self) -> int:
+        now = time.monotonic()
+        flushed = 0
+        for t in self.topics.values():
+            for p in t.partitions:
+                if p.flush_due(now):
+                    p.flush()
+                    flushed += 1
+        if flushed:
+            self.write_checkpoint()
+        return flushed
+
+    def shutdown(self) -> None:
+        for t in self.topics.values():
+            for p in t.partitions:
+                p.flush()
+                p.close()
+        self.write_checkpoint()
