@@ -1,0 +1,108 @@
+"""Shared fixtures: reference brokers run as real `faultline broker` processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate, timeout: float, message: str, interval: float = 0.05):
+    """Poll `predicate` until it returns a truthy value; fail with `message` after `timeout`."""
+    deadline = time.monotonic() + timeout
+    last_exc = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except Exception as exc:  # the condition may raise while the system comes up
+            last_exc = exc
+        time.sleep(interval)
+    raise AssertionError(f"{message} (waited {timeout}s; last error: {last_exc!r})")
+
+
+class BrokerProcess:
+    """One `faultline broker` subprocess with its data directory and log."""
+
+    def __init__(self, data_dir: Path, settings: dict[str, object] | None = None, node_id: int = 1):
+        self.data_dir = data_dir
+        self.node_id = node_id
+        self.settings = dict(settings or {})
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+        self.log_path = data_dir.parent / f"broker-{node_id}-{data_dir.name}.log"
+        self.starts = 0
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> "BrokerProcess":
+        cmd = [sys.executable, "-m", "faultline.broker.main", "--node-id", str(self.node_id),
+               "--listen", self.bootstrap, "--data-dir", str(self.data_dir)]
+        for key, value in self.settings.items():
+            cmd += ["--set", f"{key}={value}"]
+        self.starts += 1
+        log = open(self.log_path, "a")
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        log.close()
+        wait_until(self._accepting, 20, f"broker did not accept connections on {self.bootstrap}; see {self.log_path}")
+        return self
+
+    def _accepting(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"broker exited with {self.proc.returncode}: {self.log_text()[-2000:]}")
+        with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+            return True
+
+    def log_text(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
+    def stop(self, timeout: float = 20) -> int:
+        """SIGTERM: a clean shutdown. Returns the exit status."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout)
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+@pytest.fixture
+def broker_factory(tmp_path):
+    brokers: list[BrokerProcess] = []
+
+    def make(settings: dict[str, object] | None = None, start: bool = True) -> BrokerProcess:
+        b = BrokerProcess(tmp_path / f"data{len(brokers)}", settings)
+        brokers.append(b)
+        return b.start() if start else b
+
+    yield make
+    for b in brokers:
+        b.kill()
+
+
+@pytest.fixture
+def broker(broker_factory) -> BrokerProcess:
+    return broker_factory()

@@ -1,0 +1,81 @@
+"""A minimal Kafka wire client for tests: sends kio requests, reads responses.
+
+In: a broker address and kio request payloads. Out: the decoded kio response
+payloads. Real clients (librdkafka, kafka-python, aiokafka) are what the
+tests use to show compatibility; this one exists to send exactly the bytes a
+test wants (duplicates, gaps, malformed frames) and to read exact answers.
+"""
+
+from __future__ import annotations
+
+import io
+import socket
+import struct
+
+from kio.index import load_response_schema
+from kio.serial import entity_reader, entity_writer
+
+
+class WireClient:
+    def __init__(self, host: str, port: int, timeout: float = 10.0, client_id: str = "faultline-test"):
+        self.sock = socket.create_connection((host, port), timeout=timeout)
+        self.client_id = client_id
+        self.correlation_id = 0
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> "WireClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def send_raw(self, frame: bytes) -> None:
+        self.sock.sendall(struct.pack(">i", len(frame)) + frame)
+
+    def encode(self, payload) -> tuple[int, bytes]:
+        self.correlation_id += 1
+        header_cls = payload.__header_schema__
+        buf = io.BytesIO()
+        fields = dict(request_api_key=payload.__api_key__, request_api_version=payload.__version__,
+                      correlation_id=self.correlation_id)
+        if "client_id" in header_cls.__dataclass_fields__:
+            fields["client_id"] = self.client_id
+        entity_writer(header_cls)(buf, header_cls(**fields))
+        entity_writer(type(payload))(buf, payload)
+        return self.correlation_id, buf.getvalue()
+
+    def send(self, payload) -> int:
+        correlation_id, frame = self.encode(payload)
+        self.send_raw(frame)
+        return correlation_id
+
+    def _read_exactly(self, n: int) -> bytes:
+        chunks = []
+        while n:
+            chunk = self.sock.recv(n)
+            if not chunk:
+                raise ConnectionError("the broker closed the connection")
+            chunks.append(chunk)
+            n -= len(chunk)
+        return b"".join(chunks)
+
+    def read_frame(self) -> bytes:
+        (size,) = struct.unpack(">i", self._read_exactly(4))
+        return self._read_exactly(size)
+
+    def receive(self, api_key: int, version: int, correlation_id: int):
+        frame = self.read_frame()
+        schema = load_response_schema(api_key, version)
+        header_cls = schema.__header_schema__
+        if api_key == 18:  # ApiVersions answers with header v0 whatever its version
+            from kio.schema.response_header.v0.header import ResponseHeader as header_cls
+        header, used = entity_reader(header_cls)(frame, 0)
+        assert header.correlation_id == correlation_id, (header.correlation_id, correlation_id)
+        body, _ = entity_reader(schema)(frame, used)
+        return body
+
+    def request(self, payload):
+        correlation_id = self.send(payload)
+        return self.receive(payload.__api_key__, payload.__version__, correlation_id)
