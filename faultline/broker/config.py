@@ -100,8 +100,24 @@ SETTINGS: dict[str, Setting] = {
     ]
 }
 
-# Kafka's names for the values the command line gives.
-COMMAND_LINE_SETTINGS = {"broker.id", "node.id", "listeners", "log.dirs", "log.dir"}
+# Kafka's names for the values the command line gives, and the flag that gives each.
+COMMAND_LINE_SETTINGS = {"broker.id": "--node-id", "node.id": "--node-id", "listeners": "--listen",
+                         "log.dirs": "--data-dir", "log.dir": "--data-dir"}
+
+
+_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
+
+
+def _unescape(text: str) -> str:
+    """Java properties escapes: \\t \\n \\r \\f, \\uXXXX, and \\x for any other x."""
+
+    def one(m: re.Match) -> str:
+        c = m.group(1)
+        if c.startswith("u"):
+            return chr(int(c[1:], 16))
+        return _ESCAPES.get(c, c)
+
+    return re.sub(r"\\(u[0-9a-fA-F]{4}|.)", one, text)
 
 
 def parse_properties(text: str, source: str) -> dict[str, tuple[str, str]]:
@@ -124,8 +140,7 @@ def parse_properties(text: str, source: str) -> dict[str, tuple[str, str]]:
             key, value = match.group(1), match.group(2)
         else:
             key, value = line, ""
-        key = key.replace("\\", "")
-        out[key] = (value.rstrip(), f"{source}:{start + 1}")
+        out[_unescape(key)] = (_unescape(value.rstrip()), f"{source}:{start + 1}")
     return out
 
 
@@ -186,7 +201,7 @@ def load_config(
     for key, (value, where) in raw.items():
         if key in COMMAND_LINE_SETTINGS:
             raise ConfigError(
-                f"{where}: {key} is given on the command line here (--node-id, --listen, --data-dir); "
+                f"{where}: {key} is given on the command line here ({COMMAND_LINE_SETTINGS[key]}); "
                 f"remove it from the settings"
             )
         setting = SETTINGS.get(key)

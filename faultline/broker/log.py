@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Iterator
 
 from .producer_state import ProducerStateTable
-from .records import HEADER_SIZE, BatchHeader, CorruptBatch, check_batch, decode_records, iter_headers, read_header
+from .records import HEADER_SIZE, MAGIC_V2, BatchHeader, CorruptBatch, check_batch, decode_records, iter_headers, read_header
 
 log = logging.getLogger("faultline.broker.log")
 
@@ -144,6 +144,10 @@ class Segment:
         self.next_offset = self.base_offset
         try:
             for pos, header in self.scan(0, check=check):
+                if check and header.base_offset != self.next_offset:
+                    # The base offset lies outside the CRC: a flipped bit there shows only as a jump.
+                    raise CorruptBatch(f"batch at byte {pos} starts at offset {header.base_offset}, "
+                                       f"not {self.next_offset}")
                 if not self.index_offsets or self.bytes_since_index >= self.index_interval:
                     self._add_index_entry(header.base_offset, pos)
                     self.bytes_since_index = 0
@@ -163,7 +167,11 @@ class Segment:
             return False
         last_pos = -1
         for rel, pos in INDEX_ENTRY.iter_unpack(raw):
-            if pos <= last_pos or pos >= self.size or rel < 0:
+            if pos <= last_pos or pos > self.size - HEADER_SIZE or rel < 0:
+                return False
+            # Each entry must point at the start of the batch it names.
+            header = read_header(self.read(pos, HEADER_SIZE))
+            if header.magic != MAGIC_V2 or header.base_offset != self.base_offset + rel:
                 return False
             self.index_offsets.append(self.base_offset + rel)
             self.index_positions.append(pos)

@@ -187,6 +187,7 @@ def decode_records(batch: bytes | memoryview, pos: int = 0) -> list[Record]:
     body = _decompress(header.attributes & COMPRESSION_MASK, bytes(batch[pos + HEADER_SIZE : pos + header.size]))
     records = []
     p = 0
+    log_append_time = bool(header.attributes & TIMESTAMP_TYPE_BIT)
     for _ in range(header.record_count):
         length, p = _varint(body, p)
         end = p + length
@@ -203,8 +204,9 @@ def decode_records(batch: bytes | memoryview, pos: int = 0) -> list[Record]:
             headers.append(((hkey or b"").decode("utf-8", "replace"), hval))
         if p != end:
             raise CorruptBatch("record length disagrees with its fields")
-        records.append(Record(header.base_offset + off_delta, header.base_timestamp + ts_delta,
-                              key, value, tuple(headers)))
+        # Under LogAppendTime every record carries the broker's time, kept in maxTimestamp.
+        timestamp = header.max_timestamp if log_append_time else header.base_timestamp + ts_delta
+        records.append(Record(header.base_offset + off_delta, timestamp, key, value, tuple(headers)))
     return records
 
 

@@ -226,6 +226,12 @@ class BrokerState:
                 ErrorCode.invalid_record,
                 f"a produce request must carry exactly one record batch per partition, not {max(more, 2)}",
             )
+        if header.record_count <= 0 or header.record_count != header.last_offset_delta + 1:
+            raise BrokerError(
+                ErrorCode.invalid_record,
+                f"inconsistent batch: {header.record_count} records but last offset delta "
+                f"{header.last_offset_delta}",
+            )
         if header.is_transactional or header.is_control:
             raise BrokerError(
                 ErrorCode.invalid_record, "transactional and control batches are not accepted by this broker yet"
