@@ -31,6 +31,8 @@ from kio.schema.response_header.v1.header import ResponseHeader as ResponseHeade
 from kio.serial import entity_reader, entity_writer
 from kio.serial.errors import SerialError
 
+from .guard import check_entity
+
 API_VERSIONS_KEY = 18
 _KEY_VERSION = struct.Struct(">hh")
 
@@ -76,6 +78,7 @@ def decode_request(frame: bytes, supported: dict[int, tuple[int, int]]) -> Reque
     schema = load_request_schema(api_key, version)
     try:
         header, used = _reader(schema.__header_schema__)(frame, 0)
+        check_entity(schema, frame, used, len(frame))
         body, used_body = _reader(schema)(frame, used)
     except (SerialError, KeyError, ValueError, TypeError, OverflowError, UnicodeDecodeError) as exc:
         # KeyError: kio raises it for a tagged field it does not know.

@@ -269,7 +269,7 @@ class Handlers:
                     entry["error_code"] = ErrorCode.offset_out_of_range
                     parts.append(entry)
                     continue
-                limit = min(p.partition_max_bytes, max(max_bytes_left - total, 0))
+                limit = max(0, min(p.partition_max_bytes, max_bytes_left - total))
                 data = plog.read(p.fetch_offset, limit, hw, min_one=first)
                 if data:
                     first = False

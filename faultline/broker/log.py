@@ -346,7 +346,7 @@ class PartitionLog:
     def read(self, offset: int, max_bytes: int, upper: int, min_one: bool) -> bytes:
         """Whole batches from the one containing `offset`, ending below `upper`,
         at most `max_bytes` unless `min_one` and the first batch is larger."""
-        if offset >= upper:
+        if offset >= upper or (max_bytes <= 0 and not min_one):
             return b""
         i = self._segment_for(offset)
         while i < len(self.segments):

@@ -12,6 +12,7 @@ rewrites the fields outside the CRC (base offset, partition leader epoch).
 from __future__ import annotations
 
 import gzip
+import zlib
 import struct
 from typing import Iterator, NamedTuple
 
@@ -176,7 +177,10 @@ def _decompress(codec: int, data: bytes) -> bytes:
     if codec == 0:
         return data
     if codec == 1:
-        return gzip.decompress(data)
+        try:
+            return gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise CorruptBatch(f"gzip body does not decompress: {exc}") from None
     names = {2: "snappy", 3: "lz4", 4: "zstd"}
     raise CorruptBatch(f"compression codec {names.get(codec, codec)} cannot be decoded by the broker")
 
@@ -207,7 +211,25 @@ def decode_records(batch: bytes | memoryview, pos: int = 0) -> list[Record]:
         # Under LogAppendTime every record carries the broker's time, kept in maxTimestamp.
         timestamp = header.max_timestamp if log_append_time else header.base_timestamp + ts_delta
         records.append(Record(header.base_offset + off_delta, timestamp, key, value, tuple(headers)))
+    if p != len(body):
+        raise CorruptBatch(f"{len(body) - p} bytes follow the batch's last record")
     return records
+
+
+DECODABLE_CODECS = (0, 1)
+
+
+def validate_records(batch: bytes | memoryview, pos: int = 0) -> None:
+    """Raise CorruptBatch unless every record of the batch decodes and the offset
+    deltas run 0, 1, 2, ... (as Kafka's log validator requires of a producer's batch).
+    Batches in codecs the broker cannot decode are left to their CRC."""
+    header = read_header(batch, pos)
+    if header.attributes & COMPRESSION_MASK not in DECODABLE_CODECS:
+        return
+    records = decode_records(batch, pos)
+    for i, record in enumerate(records):
+        if record.offset != header.base_offset + i:
+            raise CorruptBatch(f"record {i} has offset delta {record.offset - header.base_offset}, not {i}")
 
 
 def _zigzag(value: int) -> bytes:

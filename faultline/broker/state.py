@@ -29,13 +29,15 @@ from kio.schema.errors import ErrorCode
 from .config import BrokerConfig
 from .log import PartitionLog
 from .producer_state import Duplicate, ProducerStateError
-from .records import BatchHeader, CorruptBatch, check_batch, iter_headers, set_log_append_time, with_offsets
+from .records import (BatchHeader, CorruptBatch, check_batch, iter_headers, set_log_append_time, validate_records,
+                      with_offsets)
 
 log = logging.getLogger("faultline.broker.state")
 
 TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 CHECKPOINT_FILE = "recovery-point-offset-checkpoint"
 PRODUCER_ID_FILE = "producer-id-block"
+MAX_PARTITIONS_PER_TOPIC = 10_000
 
 
 class BrokerError(Exception):
@@ -178,6 +180,12 @@ class BrokerState:
             raise BrokerError(ErrorCode.topic_already_exists, f"topic {name!r} already exists")
         if partitions < 1:
             raise BrokerError(ErrorCode.invalid_partitions, f"{partitions} partitions: a topic has at least 1")
+        if partitions > MAX_PARTITIONS_PER_TOPIC:
+            # As Kafka's controller does: one request must not stall the broker for minutes.
+            raise BrokerError(
+                ErrorCode.policy_violation,
+                f"{partitions} partitions: at most {MAX_PARTITIONS_PER_TOPIC} can be created at once",
+            )
         topic = Topic(name, uuid.uuid4())
         for i in range(partitions):
             directory = self.data_dir / f"{name}-{i}"
@@ -232,6 +240,10 @@ class BrokerState:
                 f"inconsistent batch: {header.record_count} records but last offset delta "
                 f"{header.last_offset_delta}",
             )
+        try:
+            validate_records(records)
+        except CorruptBatch as exc:
+            raise BrokerError(ErrorCode.corrupt_message, f"the batch's records do not decode: {exc}") from None
         if header.is_transactional or header.is_control:
             raise BrokerError(
                 ErrorCode.invalid_record, "transactional and control batches are not accepted by this broker yet"
