@@ -6,6 +6,7 @@ In: argv. Out: the chosen subcommand's exit status.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from ..broker import main as broker_main
@@ -13,13 +14,149 @@ from ..broker import main as broker_main
 DESCRIPTION = """\
 faultline: a Jepsen-style correctness checker for Kafka-style brokers, with
 its own Kafka-wire-compatible reference broker under test.
+
+  faultline run       run a test: nodes, brokers, workload, faults, then a verdict
+  faultline check     check stored histories again (no cluster needed)
+  faultline cleanup   remove what an interrupted or killed run left behind
+  faultline broker    run one reference broker in the foreground
 """
+
+RUN_EPILOG = """\
+examples:
+  faultline run                                  # 30 s, 1 node, acks=all, idempotent
+  faultline run --time-limit 20 --rate 200 --seed 42
+  faultline run --producer acks=0 --producer enable.idempotence=false --nemesis kill --nemesis-interval 5
+  faultline run --config my-test.toml            # the same names as the flags, e.g. rate = 50
+
+The run's files go to store/<name>/<timestamp>/ (store/latest points at the
+newest): test.json, history.jsonl, results.json, nodes/<node>/broker.log.
+The exit status is the verdict's: 0 valid, 1 invalid, 2 unknown.
+"""
+
+CHECK_EPILOG = """\
+examples:
+  faultline check store/latest
+  faultline check store/queue/*/ --model at-least-once
+  faultline check path/to/history.jsonl
+
+Writes results.json beside each history. Exit status: 0 when every history is
+valid, 1 when any is invalid, 2 when any is unknown or could not be read.
+"""
+
+
+def _spec_from_args(args: argparse.Namespace):
+    from ..models.spec import DEFAULT_CONSUMER, DEFAULT_PRODUCER, TestSpec, load_toml, parse_settings
+
+    fields = load_toml(args.config) if args.config else {}
+    producer = dict(DEFAULT_PRODUCER)
+    producer.update({k: str(v) for k, v in fields.pop("producer", {}).items()})
+    consumer = dict(DEFAULT_CONSUMER)
+    consumer.update({k: str(v) for k, v in fields.pop("consumer", {}).items()})
+    broker = {k: str(v) for k, v in fields.pop("broker_settings", {}).items()}
+    producer.update(parse_settings(args.producer, "--producer"))
+    consumer.update(parse_settings(args.consumer, "--consumer"))
+    broker.update(parse_settings(args.broker_set, "--broker-set"))
+    for name in ("name", "nodes", "time_limit", "final_time_limit", "rate", "concurrency", "seed", "topics",
+                 "partitions", "replication_factor", "nemesis_interval", "store", "spark_master", "model"):
+        value = getattr(args, name)
+        if value is not None:
+            fields[name] = value
+    if args.nemesis is not None:
+        fields["nemesis"] = [n for n in args.nemesis.split(",") if n]
+    return TestSpec(**fields, producer=producer, consumer=consumer, broker_settings=broker)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from ..models.spec import SpecError
+    from .run import run_test
+
+    try:
+        spec = _spec_from_args(args)
+    except (SpecError, TypeError) as exc:
+        print(f"faultline run: {exc}", file=sys.stderr)
+        return 2
+    status, _ = run_test(spec, show_progress=not args.no_progress)
+    return status
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from ..checker.check import check_paths
+    from ..checker.verdict import summary
+
+    def progress(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    checked = check_paths(args.paths, args.spark_master, args.model, progress=progress)
+    for c in checked:
+        print(summary(c.results, str(c.directory)))
+    statuses = {c.status for c in checked}
+    return 2 if 2 in statuses else 1 if 1 in statuses else 0
+
+
+def cmd_cleanup(args: argparse.Namespace) -> int:
+    from ..control.cleanup import cleanup
+
+    found = cleanup(dry_run=args.dry_run, include_live=args.include_live)
+    print(found.describe())
+    return 1 if found.errors else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="faultline", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run a test end to end and print its verdict",
+                         description="Bring up nodes (network namespaces on this machine), start a broker on "
+                                     "each, drive them with Kafka clients while the nemesis injects faults, "
+                                     "record the history, and check it.",
+                         epilog=RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("--config", metavar="FILE", help="a TOML file of spec fields (flags override it)")
+    run.add_argument("--name", help="test name, the store subfolder (default queue)")
+    run.add_argument("--nodes", type=int, help="broker nodes (default 1)")
+    run.add_argument("--time-limit", type=float, metavar="S", help="seconds of the main phase (default 30)")
+    run.add_argument("--final-time-limit", type=float, metavar="S",
+                     help="seconds the final reads may take (default 30)")
+    run.add_argument("--rate", type=float, help="client operations per second, all workers together (default 100)")
+    run.add_argument("--concurrency", type=int, help="client workers (default 4)")
+    run.add_argument("--seed", type=int, help="seed of the workload and fault schedule (default: drawn, recorded)")
+    run.add_argument("--topics", type=int, help="topics (default 1)")
+    run.add_argument("--partitions", type=int, help="partitions per topic; each is a key (default 3)")
+    run.add_argument("--replication-factor", type=int, help="replicas per partition (default min(3, nodes))")
+    run.add_argument("--producer", action="append", default=[], metavar="KEY=VALUE",
+                     help="librdkafka producer setting, e.g. acks=1 (repeatable)")
+    run.add_argument("--consumer", action="append", default=[], metavar="KEY=VALUE",
+                     help="librdkafka consumer setting, e.g. isolation.level=read_committed (repeatable)")
+    run.add_argument("--broker-set", action="append", default=[], metavar="KEY=VALUE",
+                     help="broker setting, e.g. log.flush.interval.messages=1 (repeatable)")
+    run.add_argument("--nemesis", metavar="KINDS", help="comma-separated faults: kill (default none)")
+    run.add_argument("--nemesis-interval", type=float, metavar="S", help="mean seconds between faults (default 10)")
+    run.add_argument("--store", metavar="DIR", help="store folder (default ./store)")
+    run.add_argument("--spark-master", metavar="URL", help="Spark master for the check (default local[2])")
+    run.add_argument("--model", help="guarantee model to judge by (default: from the producer settings)")
+    run.add_argument("--no-progress", action="store_true", help="no progress line")
+    run.set_defaults(func=cmd_run)
+
+    check = sub.add_parser("check", help="check stored histories and write results.json",
+                           description="Analyse one or more histories with PySpark, in one Spark session, "
+                                       "and give each a verdict.",
+                           epilog=CHECK_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    check.add_argument("paths", nargs="+", metavar="PATH", help="store folder(s) or history.jsonl file(s)")
+    check.add_argument("--model", help="judge by this model instead of the run's own "
+                                       "(exactly-once, at-least-once, at-most-once, best-effort)")
+    check.add_argument("--spark-master", default="local[2]", metavar="URL",
+                       help="Spark master (default local[2]; e.g. spark://host:7077)")
+    check.set_defaults(func=cmd_check)
+
+    clean = sub.add_parser("cleanup", help="remove namespaces, links and processes an earlier run left",
+                           description="Find and remove what an interrupted or killed faultline run left on "
+                                       "this machine: its network namespaces (and every process in them), "
+                                       "veth links and bridges. Touches only faultline's own objects.")
+    clean.add_argument("--dry-run", action="store_true", help="only list what would be removed")
+    clean.add_argument("--include-live", action="store_true",
+                       help="also remove the objects of runs whose harness is still running")
+    clean.set_defaults(func=cmd_cleanup)
+
     broker = sub.add_parser("broker", help="run one reference broker in the foreground",
                             description=broker_main.DESCRIPTION, epilog=broker_main.EPILOG,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -34,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    if args.command in ("run", "check"):
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     return args.func(args)
 
 

@@ -1,0 +1,100 @@
+"""How `faultline check` scales with the size of a history.
+
+Writes synthetic, valid queue histories of the requested sizes (operations =
+invocations; each is two lines), then times `faultline check` on each in a
+fresh process and reports operations/s. Histories are kept in --dir, so a
+second run can skip generation with --reuse.
+
+    .venv/bin/python benchmarks/check_scale.py --ops 1000000 10000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def generate(path: Path, ops: int, processes: int = 10, keys: int = 20, seed: int = 0) -> None:
+    """A history of `ops` operations: sends of 1..3 values and polls reading on from each
+    consumer's position, over a correct log. Written with string formatting for speed."""
+    rng = random.Random(seed)
+    key_names = [f"t/{k}" for k in range(keys)]
+    logs: list[list[int]] = [[] for _ in range(keys)]
+    positions = [[0] * keys for _ in range(processes)]
+    next_value = 0
+    index = 0
+    t = 0
+    with open(path, "w", buffering=1 << 20) as f:
+        w = f.write
+        for n in range(ops):
+            p = n % processes
+            t += 1000
+            if rng.random() < 0.5:
+                mops_inv, mops_ok = [], []
+                for _ in range(rng.randint(1, 3)):
+                    k = rng.randrange(keys)
+                    v = next_value
+                    next_value += 1
+                    off = len(logs[k])
+                    logs[k].append(v)
+                    mops_inv.append(f'{{"f":"send","key":"{key_names[k]}","value":{v}}}')
+                    mops_ok.append(f'{{"f":"send","key":"{key_names[k]}","value":{v},"offset":{off}}}')
+                w(f'{{"index":{index},"time":{t},"process":{p},"type":"invoke","f":"send","mops":[{",".join(mops_inv)}]}}\n')
+                w(f'{{"index":{index + 1},"time":{t + 500},"process":{p},"type":"ok","f":"send","mops":[{",".join(mops_ok)}]}}\n')
+            else:
+                k = rng.randrange(keys)
+                start = positions[p][k]
+                end = min(len(logs[k]), start + rng.randint(0, 5))
+                positions[p][k] = end
+                recs = ",".join(f'{{"key":"{key_names[k]}","offset":{o},"value":{logs[k][o]}}}'
+                                for o in range(start, end))
+                w(f'{{"index":{index},"time":{t},"process":{p},"type":"invoke","f":"poll","mops":[{{"f":"poll"}}]}}\n')
+                w(f'{{"index":{index + 1},"time":{t + 500},"process":{p},"type":"ok","f":"poll","mops":[{{"f":"poll","records":[{recs}]}}]}}\n')
+            index += 2
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ops", type=int, nargs="+", default=[100_000, 1_000_000],
+                        help="history sizes in operations (default 100000 1000000)")
+    parser.add_argument("--dir", default="/tmp/faultline-check-scale", help="where histories are written")
+    parser.add_argument("--reuse", action="store_true", help="reuse histories already in --dir")
+    parser.add_argument("--engine", default=None, help="checker engine, if the check command offers several")
+    parser.add_argument("--spark-master", default="local[2]")
+    args = parser.parse_args()
+    rows = []
+    for n in args.ops:
+        folder = Path(args.dir) / f"ops-{n}"
+        folder.mkdir(parents=True, exist_ok=True)
+        history = folder / "history.jsonl"
+        if not (args.reuse and history.exists()):
+            started = time.perf_counter()
+            print(f"generating {n} operations into {history}", file=sys.stderr, flush=True)
+            generate(history, n)
+            print(f"  generated in {time.perf_counter() - started:.1f}s "
+                  f"({history.stat().st_size / 1e6:.0f} MB)", file=sys.stderr, flush=True)
+        cmd = [sys.executable, "-m", "faultline.runner.cli", "check", str(folder), "--spark-master",
+               args.spark_master]
+        if args.engine:
+            cmd += ["--engine", args.engine]
+        print(f"checking {n} operations: {' '.join(cmd[2:])}", file=sys.stderr, flush=True)
+        started = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        elapsed = time.perf_counter() - started
+        results = json.loads((folder / "results.json").read_text()) if (folder / "results.json").exists() else {}
+        rows.append({"ops": n, "engine": args.engine or "spark", "seconds": round(elapsed, 1),
+                     "ops_per_s": round(n / elapsed), "valid": results.get("valid"),
+                     "exit": proc.returncode, "history_mb": round(history.stat().st_size / 1e6)})
+        print(json.dumps(rows[-1]), flush=True)
+        if proc.returncode != 0:
+            print(proc.stdout[-2000:], proc.stderr[-2000:], file=sys.stderr)
+    return 0 if all(r["valid"] is True for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

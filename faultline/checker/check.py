@@ -1,0 +1,91 @@
+"""Check stored runs: history.jsonl (+ test.json) -> results.json, in one Spark session.
+
+In: store folders (or history files) and the Spark master; optionally a
+model name that overrides the one derived from each run's test.json.
+Out: for each path, its results (written to results.json beside the
+history) and exit status. A checker never crashes the run: an unreadable
+history or an analysis error becomes an `unknown` verdict with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..models.guarantees import STRICTEST, Model, model_for_settings, model_named
+from ..models.history import HistoryError
+from .verdict import exit_status, unknown, verdict, write_results
+
+log = logging.getLogger("faultline.checker")
+
+
+@dataclass
+class Checked:
+    directory: Path
+    results: dict[str, Any]
+
+    @property
+    def status(self) -> int:
+        return exit_status(self.results)
+
+
+def locate(path: str | Path) -> tuple[Path, Path]:
+    """(folder, history file) for a store folder or a history file path."""
+    path = Path(path)
+    if path.is_dir():
+        return path, path / "history.jsonl"
+    return path.parent, path
+
+
+def model_for(directory: Path, override: str | None) -> tuple[Model, str | None]:
+    """The run's model and, when test.json is absent, a note saying so."""
+    if override:
+        return model_named(override), None
+    spec_path = directory / "test.json"
+    if not spec_path.exists():
+        return model_named(STRICTEST), f"no test.json beside the history: judged by the strictest model, {STRICTEST}"
+    spec = json.loads(spec_path.read_text())
+    if spec.get("model"):
+        return model_named(spec["model"]), None
+    mode = spec.get("consumer_mode", "assign")
+    return model_for_settings(spec.get("producer", {}), mode), None
+
+
+def check_paths(paths: list[str | Path], spark_master: str = "local[2]", model: str | None = None,
+                progress=None) -> list[Checked]:
+    spark = None
+    out = []
+    for i, path in enumerate(paths):
+        directory, history = locate(path)
+        if progress:
+            progress(f"checking {history} ({i + 1}/{len(paths)})")
+        model_name = model or STRICTEST
+        try:
+            chosen, note = model_for(directory, model)
+            model_name = chosen.name
+            if not history.exists():
+                raise HistoryError(history, None, "no such file: give a store folder holding history.jsonl, "
+                                                  "or the path of a history file")
+            from ..history_analysis.anomalies import analyse
+            from ..history_analysis.session import get_session
+
+            if spark is None:
+                spark = get_session(spark_master)
+            analysis = analyse(spark, str(history), full_dir=str(directory / "anomalies"))
+            results = verdict(analysis, chosen)
+            if note:
+                results.setdefault("notes", []).append(note)
+        except HistoryError as exc:
+            results = unknown(model_name, f"the history could not be read: {exc}")
+        except ValueError as exc:
+            results = unknown(model_name, str(exc))
+        except Exception as exc:  # noqa: BLE001 - a checker error is an unknown verdict, not a crash
+            log.exception("checking %s failed", history)
+            results = unknown(model_name, f"the checker failed: {type(exc).__name__}: {exc}")
+        if directory.is_dir():
+            write_results(directory, results)
+        out.append(Checked(directory, results))
+    return out

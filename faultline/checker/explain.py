@@ -1,0 +1,95 @@
+"""Explanations: one witness of one anomaly type -> a sentence a person can follow.
+
+In: the anomaly type and its witness (a dict of data: key, values, offsets,
+ops). Out: a string. Rendering is kept apart from finding (as in Elle), so
+the analysis engines only produce data.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+
+def _ops(ops) -> str:
+    ops = list(ops or [])
+    return ", ".join(f"op {o}" for o in ops[:6]) + (f" and {len(ops) - 6} more" if len(ops) > 6 else "")
+
+
+def _fmt(w: dict[str, Any], name: str, default: Any = "?") -> Any:
+    value = w.get(name)
+    return default if value is None else value
+
+
+def _duplicate(w):
+    offsets = w.get("offsets") or []
+    pairs = ", ".join(str(o) for o in offsets)
+    return (f"value {_fmt(w, 'value')} of {_fmt(w, 'key')} was read at offsets {pairs} "
+            f"({_ops(w.get('ops'))}): one send, several positions in the log")
+
+
+def _inconsistent(w):
+    values = ", ".join(str(v) for v in (w.get("values") or []))
+    return (f"offset {_fmt(w, 'offset')} of {_fmt(w, 'key')} held different values ({values}) "
+            f"to different readers ({_ops(w.get('ops'))})")
+
+
+def _unexpected(w):
+    return (f"a poll ({_ops(w.get('ops'))}) returned value {_fmt(w, 'value')} at offset "
+            f"{_fmt(w, 'offset')} of {_fmt(w, 'key')}, but no operation ever sent that value to that key")
+
+
+def _lost(w):
+    return (f"value {_fmt(w, 'value')} was acknowledged at offset {_fmt(w, 'offset')} of {_fmt(w, 'key')} "
+            f"({_ops(w.get('ops'))}), and reads went past that offset (to {_fmt(w, 'read_offset')}) "
+            f"without ever returning it: nobody will read it")
+
+
+def _unseen(w):
+    count = _fmt(w, "count", 0)
+    values = ", ".join(str(v) for v in (w.get("values") or [])[:8])
+    return (f"{count} acknowledged value(s) of {_fmt(w, 'key')} were never returned by any poll"
+            + (f" (e.g. {values})" if values else ""))
+
+
+def _poll_skip(w):
+    return (f"process {_fmt(w, 'process')} polled {_fmt(w, 'key')} up to offset {_fmt(w, 'prev_offset')}, "
+            f"then its next poll started at {_fmt(w, 'next_offset')}, skipping "
+            f"{_fmt(w, 'skipped_count', '')} offset(s) that exist ({_ops(w.get('ops'))})")
+
+
+def _nonmonotonic_poll(w):
+    return (f"process {_fmt(w, 'process')} polled {_fmt(w, 'key')} up to offset {_fmt(w, 'prev_offset')}, "
+            f"then its next poll went back to offset {_fmt(w, 'next_offset')} ({_ops(w.get('ops'))})")
+
+
+def _nonmonotonic_send(w):
+    return (f"process {_fmt(w, 'process')} sent to {_fmt(w, 'key')} at offset {_fmt(w, 'prev_offset')}, "
+            f"then its later send landed at the lower offset {_fmt(w, 'next_offset')} ({_ops(w.get('ops'))})")
+
+
+def _uncommitted(w):
+    final = w.get("final_value")
+    now = f"holds {final}" if final is not None else "holds nothing"
+    return (f"a poll ({_ops(w.get('ops'))}) read value {_fmt(w, 'value')} at offset {_fmt(w, 'offset')} of "
+            f"{_fmt(w, 'key')}, but the final log {now} there: the consumer saw data the cluster later discarded")
+
+
+EXPLAINERS: dict[str, Callable[[dict], str]] = {
+    "duplicate": _duplicate,
+    "inconsistent-offsets": _inconsistent,
+    "unexpected": _unexpected,
+    "lost-write": _lost,
+    "unseen": _unseen,
+    "poll-skip": _poll_skip,
+    "nonmonotonic-poll": _nonmonotonic_poll,
+    "nonmonotonic-send": _nonmonotonic_send,
+    "uncommitted-read": _uncommitted,
+}
+
+
+def explain(anomaly_type: str, witness: dict[str, Any]) -> str:
+    explainer = EXPLAINERS.get(anomaly_type)
+    if explainer is None:
+        fields = ", ".join(f"{k}={v}" for k, v in witness.items() if k != "explanation")
+        return f"{anomaly_type}: {fields}"
+    return explainer(witness)

@@ -1,0 +1,190 @@
+"""Find and remove what crashed harnesses left behind on this machine.
+
+In: nothing but the machine's state: network namespaces named
+`faultline-<tag>-<node>`, veths `fl<tag>n<i>` and bridges `flb<tag>` in the
+root namespace, and registry entries `<registry>/<tag>.json` (see `netns`).
+Out: `Leftovers`, listing those objects (and the processes inside each
+namespace), which `cleanup()` has also removed unless `dry_run`; its
+`describe()` is what `faultline cleanup` prints.
+
+Only our own objects are touched: a name must match our pattern exactly and
+a link must also be of the kind we create (veth or bridge). Runs whose
+harness still runs (same pid and start time as in its registry entry) are
+left alone unless `include_live`, so cleaning up never breaks a test in
+progress.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from .netns import (BRIDGE_RE, NAMESPACE_RE, VETH_RE, delete_link, delete_namespace, harness_alive,
+                    kill_namespace_processes, link_kind, list_links, list_namespaces, namespace_pids,
+                    process_cmdline, read_registry, registry_path)
+
+
+@dataclass
+class LeftoverProcess:
+    pid: int
+    cmdline: str
+
+
+@dataclass
+class LeftoverNamespace:
+    name: str
+    tag: str
+    node: str
+    processes: list[LeftoverProcess] = field(default_factory=list)
+
+
+@dataclass
+class LeftoverLink:
+    name: str
+    kind: str
+    tag: str
+
+
+@dataclass
+class Leftovers:
+    namespaces: list[LeftoverNamespace] = field(default_factory=list)
+    links: list[LeftoverLink] = field(default_factory=list)
+    registry: list[Path] = field(default_factory=list)
+    #: tags of runs whose harness is still running, left alone
+    live_runs: list[str] = field(default_factory=list)
+    #: what could not be removed, one sentence each
+    errors: list[str] = field(default_factory=list)
+    #: True once `cleanup` (not a dry run) has acted on this list
+    removed: bool = False
+
+    @property
+    def processes(self) -> list[LeftoverProcess]:
+        return [p for ns in self.namespaces for p in ns.processes]
+
+    @property
+    def tags(self) -> list[str]:
+        found = {ns.tag for ns in self.namespaces} | {link.tag for link in self.links}
+        found |= {path.stem for path in self.registry}
+        return sorted(found)
+
+    def __bool__(self) -> bool:
+        return bool(self.namespaces or self.links or self.registry)
+
+    def describe(self) -> str:
+        verb = "removed" if self.removed else "found"
+        lines = []
+        for ns in self.namespaces:
+            lines.append(f"{verb} namespace {ns.name} (run {ns.tag}, node {ns.node}) "
+                         f"with {len(ns.processes)} process(es)")
+            lines += [f"    {verb} process {p.pid}: {p.cmdline}" for p in ns.processes]
+        lines += [f"{verb} {link.kind} {link.name} (run {link.tag})" for link in self.links]
+        lines += [f"{verb} registry entry {path}" for path in self.registry]
+        lines += [f"left alone run {tag}: its harness is still running" for tag in self.live_runs]
+        lines += [f"error: {error}" for error in self.errors]
+        if not self:
+            lines.insert(0, "nothing left over by faultline runs")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["registry"] = [str(p) for p in self.registry]
+        return data
+
+    def __str__(self) -> str:
+        return self.describe()
+
+
+def find_leftovers(include_live: bool = False, tags: Iterable[str] | None = None) -> Leftovers:
+    """List our namespaces (with their processes), links and registry entries; change nothing.
+
+    `tags` restricts the search to those runs.
+    """
+    wanted = set(tags) if tags is not None else None
+    # Objects first, registry after: a harness registers before creating
+    # anything, so every object of a live run seen here has an entry by the
+    # time the registry is read.
+    namespaces = []
+    for name in sorted(list_namespaces()):
+        match = NAMESPACE_RE.match(name)
+        if match:
+            namespaces.append((name, match[1], match[2]))
+    links = []
+    for link in list_links():
+        name, kind = link.get("ifname", ""), link_kind(link)
+        match = (BRIDGE_RE.match(name) if kind == "bridge" else VETH_RE.match(name) if kind == "veth" else None)
+        if match:
+            links.append(LeftoverLink(name, kind, match[1]))
+    registry = read_registry()
+
+    live = set() if include_live else {tag for tag, entry in registry.items() if harness_alive(entry)}
+    if wanted is not None:
+        live &= wanted
+
+    def ours(tag: str) -> bool:
+        return tag not in live and (wanted is None or tag in wanted)
+
+    found = Leftovers(live_runs=sorted(live))
+    for name, tag, node in namespaces:
+        if ours(tag):
+            processes = [LeftoverProcess(pid, process_cmdline(pid)) for pid in namespace_pids(name)]
+            found.namespaces.append(LeftoverNamespace(name, tag, node, processes))
+    found.links = [link for link in links if ours(link.tag)]
+    found.registry = [registry_path(tag) for tag in registry if ours(tag)]
+    return found
+
+
+def cleanup(dry_run: bool = False, include_live: bool = False, tags: Iterable[str] | None = None) -> Leftovers:
+    """Remove what `find_leftovers` finds: processes, then namespaces, then links, then registry entries.
+
+    Goes on past failures and lists them in `errors`; a registry entry is
+    kept while anything of its run could not be removed, so a later
+    cleanup tries again.
+    """
+    found = find_leftovers(include_live=include_live, tags=tags)
+    if dry_run:
+        return found
+    failed_tags: set[str] = set()
+    for ns in found.namespaces:
+        try:
+            for pid in kill_namespace_processes(ns.name):
+                if pid not in {p.pid for p in ns.processes}:
+                    # Started between the listing and the kill; still ours.
+                    ns.processes.append(LeftoverProcess(pid, ""))
+            delete_namespace(ns.name)
+        except Exception as exc:  # noqa: BLE001 - reported, and the rest still cleaned
+            found.errors.append(f"namespace {ns.name}: {exc}")
+            failed_tags.add(ns.tag)
+    for link in found.links:
+        try:
+            delete_link(link.name)
+        except Exception as exc:  # noqa: BLE001
+            found.errors.append(f"{link.kind} {link.name}: {exc}")
+            failed_tags.add(link.tag)
+    for path in found.registry:
+        if path.stem in failed_tags:
+            continue
+        try:
+            _mark_workdir_state(path)
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            found.errors.append(f"registry entry {path}: {exc}")
+    found.removed = True
+    return found
+
+
+def _mark_workdir_state(entry_path: Path) -> None:
+    # The run's own cluster.json would otherwise still claim "up".
+    try:
+        entry = json.loads(entry_path.read_text())
+        state_path = Path(entry["workdir"]) / "cluster.json"
+        state = json.loads(state_path.read_text())
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    if state.get("tag") == entry.get("tag"):
+        state["status"] = "cleaned up"
+        try:
+            state_path.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+        except OSError:
+            pass

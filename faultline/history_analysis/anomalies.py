@@ -1,0 +1,385 @@
+"""Anomaly tables: a history file -> counts and witnesses per anomaly type.
+
+In: a SparkSession, the path of a history file, how many example witnesses
+to keep per type (`limit`), and optionally a folder for every witness.
+
+Out: an `Analysis`:
+- `counts`: anomaly type -> number of anomalies, only for types found
+  (`unseen` counts values: the sum of its per-key counts);
+- `examples`: type -> at most `limit` witnesses, ordered by the smallest op
+  index in their `ops`, then key, then offset or value, then the witness
+  text (deterministic);
+- `stats`: {"ops", "ok", "fail", "info"} over client operations only (the
+  nemesis is not counted): `ops` operations invoked, and how they ended (an
+  operation the history never completed counts as `info`);
+- `notes`: what was tolerated or could not be judged.
+With `full_dir`, every witness of every type computed here is written to
+`full_dir/<type>.jsonl`, one JSON object a line, in the same order (an empty
+file for a type not found, so a re-check never leaves stale witnesses).
+
+Witnesses are data; `faultline.checker.explain` renders them. In every
+witness, `ops` are history indices of the *completion* lines of the
+operations that prove it (the invocation line for an operation the history
+ends before completing), and `process` is an integer. Fields per type:
+- lost-write: key, value, offset (acknowledged), send_op, read_op,
+  read_offset (the highest offset of key that read_op returned: the earliest
+  `ok` poll to pass `offset`), ops = [send_op, read_op];
+- unseen (one witness per key): key, count, values, offsets, ops (the
+  earliest few unseen sends of that key: values[i] at offsets[i] by ops[i]);
+- duplicate: key, value, offsets, ops (ops[i] is the first op showing value
+  at offsets[i]);
+- inconsistent-offsets: key, offset, values, ops (ops[i] is the first op
+  showing values[i] at offset);
+- unexpected (one per key and value): key, value, offset (where the first
+  poll returned it), offsets, reads (number of polls), ops (the first 16 polls);
+- poll-skip: process, key, prev_offset (last offset of the earlier poll),
+  next_offset (first of the later one), skipped (the first few offsets known
+  to exist between them), skipped_count, ops = [earlier poll, later poll];
+- nonmonotonic-poll: process, key, prev_offset, next_offset, ops;
+- nonmonotonic-send: process, key, prev_offset, next_offset, prev_value,
+  next_value, ops = [earlier send, later send];
+- uncommitted-read: key, offset, value, final_value (null: the final log
+  holds nothing there), final_op (the final-chain poll that read the
+  offset, null when none did), final_assign (the assign that began the
+  final chain), ops = [the first poll that read value at offset, final_op
+  or final_assign].
+
+Definitions (shared/anomalies.md, made precise):
+- the log of a key: (offset, value) from records of polls of any completion
+  type and from `ok` sends carrying an offset;
+- committed: values of `ok` sends and txns; and all values of an `info` one
+  when any of its values was returned by any poll (then it took effect);
+- lost-write: a committed value with a known offset o that no poll returned,
+  while some `ok` poll returned an offset > o of its key;
+- unseen: values of `ok` sends that no `ok` poll returned;
+- duplicate: a value at two or more offsets of a key; inconsistent-offsets:
+  an offset of a key with two or more values; unexpected: a value a poll
+  returned that no send (of any outcome, invocations included) sent to that key;
+- poll-skip / nonmonotonic-poll: consecutive `ok` polls of one process that
+  returned records of a key, with no assign/subscribe (of any outcome) of
+  that process between them; a = last offset of the earlier, b = first of
+  the later: nonmonotonic if b <= a, skip if the log holds an offset in (a, b);
+- nonmonotonic-send: consecutive `ok` sends of one process to a key with
+  offsets: the later one's first offset is below the earlier one's last;
+- uncommitted-read: the final log of a key is what the last chain that read
+  it from the beginning returned (an `ok` assign with seek_to_beginning of a
+  process, then that process's `ok` polls up to its next assign/subscribe);
+  an `ok` poll's (offset, value) is uncommitted when the final log holds
+  other values there, or nothing while it holds a higher offset. A key with
+  no such chain cannot be judged (a note says so).
+Within one operation, records are in the order returned (mops, then records).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from functools import reduce
+from pathlib import Path
+from typing import Any
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from .load import History, file_size, load_history
+from .session import sized_for
+
+TYPES = ("lost-write", "unseen", "duplicate", "inconsistent-offsets", "unexpected",
+         "poll-skip", "nonmonotonic-poll", "nonmonotonic-send", "uncommitted-read")
+# Keys whose reads no final chain covers travel with the witnesses under this
+# internal type, so one Spark job yields everything.
+_UNJUDGED = "_unjudged"
+UNEXPECTED_OPS = 16
+UNSEEN_VALUES = 8
+SKIPPED_SHOWN = 5
+UNJUDGED_SHOWN = 8
+
+
+@dataclass
+class Analysis:
+    counts: dict[str, int] = field(default_factory=dict)
+    examples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    stats: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def _events(history: History) -> DataFrame:
+    """Every fact about a key, one row each, hash-partitioned by key.
+
+    kind 'r': a record a poll returned; 's': a send micro-operation (of any
+    outcome; offset as acknowledged, if any); 'a': an `ok` assign with
+    seek_to_beginning naming the key. Columns: key, kind, op, process, epoch,
+    type (of the operation), offset, value, pos (order within the operation).
+    Every anomaly below is a per-key question, so after this one shuffle the
+    queries run with windows and aggregates inside the partitions: no
+    further exchange (Spark accepts a key partitioning for any grouping that
+    includes the key).
+    """
+    ops = history.operations.filter("process != 'nemesis'")
+    per_mop = ops.selectExpr("op", "process", "epoch", "type", "posexplode(mops) AS (mpos, mop)")
+    mop_events = per_mop.selectExpr("op", "process", "epoch", "type", """explode(CASE WHEN mop.f = 'poll'
+        THEN transform(coalesce(mop.records, array()), (r, i) -> named_struct(
+            'key', r.key, 'kind', 'r', 'offset', r.offset, 'value', r.value,
+            'pos', CAST(mpos AS LONG) * 4294967296 + i))
+        ELSE array(named_struct('key', mop.key, 'kind', 's', 'offset', mop.offset, 'value', mop.value,
+            'pos', CAST(mpos AS LONG)))
+        END) AS e""").selectExpr("e.key AS key", "e.kind AS kind", "op", "process", "epoch", "type",
+                                 "e.offset AS offset", "e.value AS value", "e.pos AS pos")
+    seeks = (ops.filter("type = 'ok' AND f = 'assign' AND seek_to_beginning")
+             .selectExpr("explode(array_distinct(keys)) AS key", "'a' AS kind", "op", "process", "epoch", "type",
+                         "CAST(NULL AS LONG) AS offset", "CAST(NULL AS LONG) AS value", "CAST(0 AS LONG) AS pos"))
+    # Persisted, so that every query reads the one shuffle (their column
+    # pruning differs, which would otherwise give each its own exchange).
+    return mop_events.unionByName(seeks).repartition("key").persist(StorageLevel.MEMORY_AND_DISK)
+
+
+# The log of a key: what polls of any outcome returned, and acknowledged offsets.
+_LOG = "kind = 'r' OR (kind = 's' AND type = 'ok' AND offset IS NOT NULL)"
+
+
+def _witness(kind: str, df: DataFrame, fields: str, s1: str, s3: str, weight: str = "1") -> DataFrame:
+    """Pack a type's rows as (type, sort keys, weight, JSON text) so all types share one table."""
+    return df.selectExpr(
+        f"'{kind}' AS type", f"CAST({s1} AS LONG) AS s1", "CAST(key AS STRING) AS s2", f"CAST({s3} AS LONG) AS s3",
+        f"CAST({weight} AS LONG) AS weight",
+        f"to_json(named_struct({fields}), map('ignoreNullFields', 'false')) AS json",
+    )
+
+
+def _value_flags(events: DataFrame) -> DataFrame:
+    """Sends and reads, each marked with what happened to its (key, value) anywhere in the history."""
+    return events.filter("kind IN ('r', 's')").selectExpr(
+        "*",
+        "max(kind = 's') OVER (PARTITION BY key, value) AS was_sent",
+        "max(kind = 'r') OVER (PARTITION BY key, value) AS was_read",
+        "max(kind = 'r' AND type = 'ok') OVER (PARTITION BY key, value) AS was_read_ok",
+    )
+
+
+def _duplicate_and_inconsistent(events: DataFrame) -> list[DataFrame]:
+    # One row per fact "offset o of key k held value v", with the first op showing it.
+    facts = events.filter(_LOG).groupBy("key", "offset", "value").agg(F.min("op").alias("op"))
+    dup = (facts.groupBy("key", "value")
+           .agg(F.count(F.lit(1)).alias("n"), F.array_sort(F.collect_list(F.struct("offset", "op"))).alias("e"))
+           .filter("n >= 2"))
+    inc = (facts.groupBy("key", "offset")
+           .agg(F.count(F.lit(1)).alias("n"), F.array_sort(F.collect_list(F.struct("value", "op"))).alias("e"))
+           .filter("n >= 2"))
+    return [
+        _witness("duplicate", dup, "'key', key, 'value', value, 'offsets', e.offset, 'ops', e.op",
+                 "array_min(e.op)", "value"),
+        _witness("inconsistent-offsets", inc, "'key', key, 'offset', offset, 'values', e.value, 'ops', e.op",
+                 "array_min(e.op)", "offset"),
+    ]
+
+
+def _unexpected(flags: DataFrame) -> DataFrame:
+    rows = (flags.filter("kind = 'r' AND NOT was_sent")
+            .groupBy("key", "value")
+            .agg(F.min_by("offset", F.struct("op", "pos")).alias("offset"),
+                 F.array_sort(F.collect_set("offset")).alias("offsets"),
+                 F.array_sort(F.collect_set("op")).alias("all_ops")))
+    return _witness(
+        "unexpected", rows,
+        f"'key', key, 'value', value, 'offset', offset, 'offsets', offsets, 'reads', size(all_ops), "
+        f"'ops', slice(all_ops, 1, {UNEXPECTED_OPS})",
+        "all_ops[0]", "value")
+
+
+def _lost_write(flags: DataFrame) -> DataFrame:
+    # An info operation took effect if any of its values was read; that is a
+    # question across keys, answered by a (small) table of operations that
+    # is broadcast, so the key partitioning stays.
+    took_effect = (flags.filter("kind = 's' AND type = 'info' AND was_read").select("op").distinct()
+                   .withColumn("took_effect", F.lit(True)))
+    rows = (
+        flags.filter("(kind = 'r' AND type = 'ok') OR (kind = 's' AND offset IS NOT NULL AND NOT was_read "
+                     "AND type IN ('ok', 'info'))")
+        .join(F.broadcast(took_effect), "op", "left")
+        .filter("kind = 'r' OR type = 'ok' OR took_effect")
+        # Descending by offset, a send before the reads at its own offset
+        # (they do not pass it): the running minimum over the reads seen so
+        # far is the earliest ok poll that returned a higher offset.
+        .selectExpr("*", """min(CASE WHEN kind = 'r' THEN struct(op, offset) END) OVER (
+            PARTITION BY key ORDER BY offset DESC, kind DESC ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+            AS passed""")
+        .filter("kind = 's' AND passed IS NOT NULL")
+    )
+    return _witness(
+        "lost-write", rows,
+        "'key', key, 'value', value, 'offset', offset, 'send_op', op, 'read_op', passed.op, "
+        "'read_offset', passed.offset, 'ops', array(op, passed.op)",
+        "least(op, passed.op)", "offset")
+
+
+def _unseen(flags: DataFrame) -> DataFrame:
+    rows = (flags.filter("kind = 's' AND type = 'ok' AND NOT was_read_ok")
+            .selectExpr("*", "row_number() OVER (PARTITION BY key ORDER BY op, pos) AS rn")
+            .groupBy("key")
+            .agg(F.count(F.lit(1)).alias("n"),
+                 F.array_sort(F.collect_list(F.expr(
+                     f"CASE WHEN rn <= {UNSEEN_VALUES} THEN struct(op, pos, value, offset) END"))).alias("e")))
+    return _witness("unseen", rows, "'key', key, 'count', n, 'values', e.value, 'offsets', e.offset, 'ops', e.op",
+                    "e[0].op", "0", weight="n")
+
+
+def _nonmonotonic_send(events: DataFrame) -> DataFrame:
+    rows = (events.filter("kind = 's' AND type = 'ok' AND offset IS NOT NULL")
+            .groupBy("process", "key", "op")
+            .agg(F.min_by("offset", "pos").alias("first"), F.max_by("offset", "pos").alias("last"),
+                 F.min_by("value", "pos").alias("first_value"), F.max_by("value", "pos").alias("last_value"))
+            .selectExpr("*", "lag(last) OVER (PARTITION BY process, key ORDER BY op) AS prev_offset",
+                        "lag(last_value) OVER (PARTITION BY process, key ORDER BY op) AS prev_value",
+                        "lag(op) OVER (PARTITION BY process, key ORDER BY op) AS prev_op")
+            .filter("first < prev_offset"))
+    return _witness(
+        "nonmonotonic-send", rows,
+        "'process', CAST(process AS LONG), 'key', key, 'prev_offset', prev_offset, 'next_offset', first, "
+        "'prev_value', prev_value, 'next_value', first_value, 'ops', array(prev_op, op)",
+        "prev_op", "first")
+
+
+def _polls(events: DataFrame) -> list[DataFrame]:
+    """poll-skip and nonmonotonic-poll, from consecutive ok polls of a process and key in one epoch."""
+    # Over the log of a key in descending offset order, a running minimum over
+    # the higher offsets is the next offset the log holds; applied again, the
+    # one after that; the dense rank counts the distinct offsets in between.
+    above = "OVER (PARTITION BY key ORDER BY offset DESC RANGE BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)"
+    log = events.filter(_LOG).selectExpr(
+        "*", "dense_rank() OVER (PARTITION BY key ORDER BY offset DESC) AS rank", f"min(offset) {above} AS next1")
+    for i in range(2, SKIPPED_SHOWN + 1):
+        log = log.selectExpr("*", f"min(next{i - 1}) {above} AS next{i}")
+    nexts = ", ".join(f"next{i}" for i in range(1, SKIPPED_SHOWN + 1))
+    chain = "OVER (PARTITION BY process, epoch, key ORDER BY op)"
+    pairs = (log.filter("kind = 'r' AND type = 'ok'")
+             .groupBy("process", "epoch", "key", "op")
+             .agg(F.min_by("offset", "pos").alias("b"), F.min_by("rank", "pos").alias("rank_b"),
+                  F.max_by(F.expr(f"struct(offset, rank, array({nexts}) AS nexts)"), "pos").alias("last"))
+             .selectExpr("*", f"lag(last) {chain} AS prev", f"lag(op) {chain} AS prev_op")
+             .filter("prev IS NOT NULL")
+             .selectExpr("process", "key", "op", "prev_op", "prev.offset AS a", "b",
+                         "prev.rank - rank_b - 1 AS skipped_count", "prev.nexts AS nexts"))
+    return [
+        _witness("poll-skip", pairs.filter("b > a + 1 AND skipped_count > 0"),
+                 "'process', CAST(process AS LONG), 'key', key, 'prev_offset', a, 'next_offset', b, "
+                 "'skipped', filter(nexts, x -> x IS NOT NULL AND x < b), 'skipped_count', skipped_count, "
+                 "'ops', array(prev_op, op)",
+                 "prev_op", "a"),
+        _witness("nonmonotonic-poll", pairs.filter("b <= a"),
+                 "'process', CAST(process AS LONG), 'key', key, 'prev_offset', a, 'next_offset', b, "
+                 "'ops', array(prev_op, op)",
+                 "prev_op", "b"),
+    ]
+
+
+def _uncommitted_read(events: DataFrame) -> list[DataFrame]:
+    """uncommitted-read witnesses, and (as internal rows) the keys no final chain covers."""
+    ok_reads = (
+        events.filter("kind = 'a' OR (kind = 'r' AND type = 'ok')")
+        # The last assign with seek_to_beginning naming the key begins its final chain.
+        .selectExpr("*", "max(CASE WHEN kind = 'a' THEN struct(op, process, epoch) END) "
+                         "OVER (PARTITION BY key) AS start")
+        .filter("kind = 'r'")
+        .selectExpr("*", "start IS NOT NULL AND process = start.process AND epoch = start.epoch AS final")
+        .selectExpr("*", "max(CASE WHEN final THEN offset END) OVER (PARTITION BY key) AS top",
+                    "collect_set(CASE WHEN final THEN value END) OVER (PARTITION BY key, offset) AS fvalues",
+                    "min(CASE WHEN final THEN struct(op, value) END) OVER (PARTITION BY key, offset) AS ffirst")
+    )
+    rows = (ok_reads.groupBy("key", "offset", "value")
+            .agg(F.min("op").alias("op"), F.first("fvalues").alias("fvalues"), F.first("ffirst").alias("ffirst"),
+                 F.first("top").alias("top"), F.first("start").alias("start"))
+            .filter("top IS NOT NULL AND ((size(fvalues) > 0 AND NOT array_contains(fvalues, value)) "
+                    "OR (size(fvalues) = 0 AND top > offset))"))
+    unjudged = (ok_reads.groupBy("key").agg(F.max("top").alias("top")).filter("top IS NULL")
+                .selectExpr(f"'{_UNJUDGED}' AS type", "CAST(0 AS LONG) AS s1", "key AS s2",
+                            "CAST(0 AS LONG) AS s3", "CAST(1 AS LONG) AS weight", "key AS json"))
+    return [
+        _witness("uncommitted-read", rows,
+                 "'key', key, 'offset', offset, 'value', value, 'final_value', ffirst.value, "
+                 "'final_op', ffirst.op, 'final_assign', start.op, 'ops', array(op, coalesce(ffirst.op, start.op))",
+                 "least(op, coalesce(ffirst.op, start.op))", "offset"),
+        unjudged,
+    ]
+
+
+def analyse(spark: SparkSession, path: str | os.PathLike, limit: int = 32, full_dir: str | os.PathLike | None = None
+            ) -> Analysis:
+    """Find the anomalies of the history at `path`; see the module docstring."""
+    with sized_for(spark, file_size(str(path))):
+        return _analyse(spark, str(path), limit, full_dir)
+
+
+def _analyse(spark: SparkSession, path: str, limit: int, full_dir: str | os.PathLike | None) -> Analysis:
+    history = load_history(spark, path)
+    witnesses = events = None
+    try:
+        events = _events(history)
+        flags = _value_flags(events)
+        parts = [_lost_write(flags), _unseen(flags), *_duplicate_and_inconsistent(events), _unexpected(flags),
+                 *_polls(events), _nonmonotonic_send(events), *_uncommitted_read(events)]
+        witnesses = reduce(DataFrame.union, parts).persist(StorageLevel.MEMORY_AND_DISK)
+        # Counts and the first `limit` witnesses of each type in one job.
+        by_type = Window.partitionBy("type")
+        ordered = by_type.orderBy("s1", "s2", "s3", "json")
+        keep = max(limit, 1)
+        rows = (witnesses
+                .select("type", "json", F.row_number().over(ordered).alias("rn"),
+                        F.count(F.lit(1)).over(by_type).alias("rows"),
+                        F.sum("weight").over(by_type).alias("total"))
+                .filter(f"rn <= {keep} OR (type = '{_UNJUDGED}' AND rn <= {UNJUDGED_SHOWN})")
+                .collect())
+        counts: dict[str, int] = {}
+        row_counts: dict[str, int] = {}
+        texts: dict[str, list[str]] = {}
+        for r in sorted(rows, key=lambda r: (r["type"], r["rn"])):
+            counts[r["type"]] = int(r["total"])
+            row_counts[r["type"]] = int(r["rows"])
+            texts.setdefault(r["type"], []).append(r["json"])
+
+        notes = list(history.notes)
+        if _UNJUDGED in counts:
+            n = counts.pop(_UNJUDGED)
+            row_counts.pop(_UNJUDGED)
+            shown = ", ".join(texts.pop(_UNJUDGED)) + (", ..." if n > UNJUDGED_SHOWN else "")
+            notes.append(f"uncommitted-read not judged for {n} key(s) ({shown}): no assign with "
+                         f"seek_to_beginning read them from the beginning")
+        if full_dir is not None:
+            _write_full(witnesses, Path(full_dir), row_counts, texts, limit)
+        return Analysis(
+            counts={t: counts[t] for t in TYPES if t in counts},
+            examples={t: [json.loads(j) for j in texts[t][:limit]] for t in TYPES if t in texts and limit > 0},
+            stats=dict(history.stats),
+            notes=notes,
+        )
+    finally:
+        for df in (witnesses, events):
+            if df is not None:
+                df.unpersist()
+        history.unpersist()
+
+
+def _write_full(witnesses: DataFrame, directory: Path, row_counts: dict[str, int],
+                texts: dict[str, list[str]], limit: int) -> None:
+    """Every witness of every type to directory/<type>.jsonl, written aside and renamed into place."""
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = {t: directory / f".{t}.jsonl.tmp" for t in TYPES}
+    files = {t: open(p, "w") for t, p in tmp.items()}
+    try:
+        big = [t for t in TYPES if row_counts.get(t, 0) > max(limit, 1)]
+        for t in TYPES:
+            if t not in big:
+                for text in texts.get(t, []):
+                    files[t].write(text + "\n")
+        if big:
+            # Streamed partition by partition, so a huge table never sits in the driver.
+            rows = (witnesses.filter(F.col("type").isin(*big))
+                    .orderBy("type", "s1", "s2", "s3", "json").select("type", "json"))
+            for r in rows.toLocalIterator():
+                files[r["type"]].write(r["json"] + "\n")
+    finally:
+        for f in files.values():
+            f.close()
+    for t, p in tmp.items():
+        p.replace(directory / f"{t}.jsonl")

@@ -1,0 +1,107 @@
+"""The SparkSession used by the analysis.
+
+In: the Spark master, the number of shuffle partitions, an application name
+(and optionally the driver memory). Out: a SparkSession with quiet logging
+(WARN) and no web UI, reused if one already runs in this process
+(getOrCreate), in which case only the runtime settings (shuffle partitions,
+adaptive execution off) are applied to it.
+
+`sized_for(spark, nbytes)`: a context in which Spark runs interpreted
+rather than compiling code, when the input is small.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from pyspark.sql import SparkSession
+
+# Spark's default log4j profile prints INFO lines at start-up, before
+# setLogLevel can run; a WARN profile given to the JVM keeps them out.
+_LOG4J = """\
+rootLogger.level = warn
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n
+logger.hadoop.name = org.apache.hadoop.util.NativeCodeLoader
+logger.hadoop.level = error
+"""
+
+
+def _log4j_file() -> Path:
+    path = Path(tempfile.gettempdir()) / "faultline-spark-log4j2.properties"
+    if not path.exists() or path.read_text() != _LOG4J:
+        tmp = path.with_name(f"{path.name}.{os.getpid()}")
+        tmp.write_text(_LOG4J)
+        tmp.replace(path)
+    return path
+
+
+def get_session(master: str = "local[2]", shuffle_partitions: int = 4, app_name: str = "faultline-check",
+                driver_memory: str | None = None) -> SparkSession:
+    """A SparkSession for the analysis; see the module docstring.
+
+    `driver_memory` (default: $FAULTLINE_SPARK_DRIVER_MEMORY or 4g) only takes
+    effect when this call starts the JVM. In local mode the driver is also
+    the executor, so this is the memory the whole analysis runs in.
+    """
+    memory = driver_memory or os.environ.get("FAULTLINE_SPARK_DRIVER_MEMORY", "4g")
+    if master.startswith("local"):
+        # Without it Spark looks up the host's address and warns when it
+        # resolves to loopback; a local run never needs another interface.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", memory)
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.sql.session.timeZone", "UTC")
+        # The analysis partitions its events by key once and answers every
+        # question inside those partitions; adaptive re-planning after each
+        # stage has nothing to gain there and costs a planning pass per stage.
+        .config("spark.sql.adaptive.enabled", "false")
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{_log4j_file()}")
+    )
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions))
+    spark.conf.set("spark.sql.adaptive.enabled", "false")
+    return spark
+
+
+# Below this size compiling Spark's generated code (a hundred classes or so
+# per analysis) takes longer than running the plan interpreted.
+SMALL_INPUT_BYTES = 64 << 20
+_INTERPRETED = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
+
+
+@contextmanager
+def sized_for(spark: SparkSession, nbytes: int | None) -> Iterator[None]:
+    """Run the jobs started inside interpreted when the input is known to be small.
+
+    The settings are the session's, so they are restored on exit; a job
+    started elsewhere meanwhile only runs slower or faster, never differently.
+    """
+    if nbytes is None or nbytes >= SMALL_INPUT_BYTES:
+        yield
+        return
+    previous = {key: spark.conf.get(key, None) for key in _INTERPRETED}
+    for key, value in _INTERPRETED.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)

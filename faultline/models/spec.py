@@ -1,0 +1,140 @@
+"""The test spec: everything that defines one run, seed included.
+
+In: command-line flags, or a TOML file with the same names (flags win), or a
+stored `test.json`. Out: a `TestSpec` whose `to_json()` is what `test.json`
+holds, so that `--seed` (or the stored spec) replays the same workload and
+fault schedule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_PRODUCER = {
+    "acks": "all",
+    "enable.idempotence": "true",
+    "message.timeout.ms": "5000",
+    "request.timeout.ms": "3000",
+}
+DEFAULT_CONSUMER = {
+    "auto.offset.reset": "earliest",
+    "enable.auto.commit": "false",
+    "isolation.level": "read_uncommitted",
+    "check.crcs": "true",
+}
+
+
+class SpecError(ValueError):
+    """A spec value that cannot be used; the message says which and how to fix it."""
+
+
+@dataclass
+class TestSpec:
+    name: str = "queue"
+    workload: str = "queue"
+    broker: str = "reference"
+    backend: str = "local"
+    nodes: int = 1
+    time_limit: float = 30.0
+    final_time_limit: float = 30.0
+    rate: float = 100.0
+    concurrency: int = 4
+    seed: int | None = None
+    topics: int = 1
+    partitions: int = 3
+    replication_factor: int | None = None
+    max_sends_per_op: int = 3
+    producer: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_PRODUCER))
+    consumer: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_CONSUMER))
+    broker_settings: dict[str, str] = field(default_factory=dict)
+    nemesis: list[str] = field(default_factory=list)
+    nemesis_interval: float = 10.0
+    store: str = "store"
+    spark_master: str = "local[2]"
+    model: str | None = None
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        def need(cond: bool, message: str) -> None:
+            if not cond:
+                raise SpecError(message)
+
+        need(self.nodes >= 1, f"nodes={self.nodes}: a test needs at least 1 node")
+        need(self.time_limit > 0, f"time-limit={self.time_limit}: give a positive number of seconds")
+        need(self.final_time_limit > 0, f"final-time-limit={self.final_time_limit}: give a positive number")
+        need(self.rate > 0, f"rate={self.rate}: give a positive number of operations per second")
+        need(self.concurrency >= 1, f"concurrency={self.concurrency}: at least 1 worker")
+        need(self.topics >= 1 and self.partitions >= 1, "topics and partitions must be at least 1")
+        need(self.max_sends_per_op >= 1, "max-sends-per-op must be at least 1")
+        need(self.nemesis_interval > 0, "nemesis-interval must be a positive number of seconds")
+        rf = self.effective_replication_factor
+        need(1 <= rf <= self.nodes, f"replication-factor={rf} needs that many nodes; nodes={self.nodes}")
+        need(self.workload == "queue", f"workload {self.workload!r} is unknown; the one workload is 'queue'")
+        need(self.broker == "reference", f"broker {self.broker!r} is unknown; use 'reference'")
+        need(self.backend == "local", f"backend {self.backend!r} is unknown; use 'local'")
+
+    @property
+    def effective_replication_factor(self) -> int:
+        return self.replication_factor if self.replication_factor is not None else min(3, self.nodes)
+
+    def with_seed(self) -> "TestSpec":
+        """A copy whose seed is fixed (drawn now if none was given)."""
+        seed = self.seed if self.seed is not None else random.SystemRandom().randrange(2**31)
+        return dataclasses.replace(self, seed=seed)
+
+    @property
+    def keys(self) -> list[str]:
+        return [f"{topic}/{p}" for topic in self.topic_names for p in range(self.partitions)]
+
+    @property
+    def topic_names(self) -> list[str]:
+        return [f"faultline-{i}" for i in range(self.topics)]
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "TestSpec":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise SpecError(f"unknown spec field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        return cls(**data)
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """Spec fields from a TOML file; dashes in names are accepted for underscores."""
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise SpecError(f"cannot read {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{path}: not valid TOML: {exc}") from None
+    return {k.replace("-", "_"): v for k, v in data.items()}
+
+
+def load_stored(store_dir: str | Path) -> TestSpec:
+    path = Path(store_dir) / "test.json"
+    try:
+        return TestSpec.from_json(json.loads(path.read_text()))
+    except OSError as exc:
+        raise SpecError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def parse_settings(items: list[str], flag: str) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SpecError(f"{flag} {item!r}: expected key=value, for example {flag} acks=1")
+        out[key.strip()] = value.strip()
+    return out
