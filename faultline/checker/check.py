@@ -55,8 +55,8 @@ def model_for(directory: Path, override: str | None) -> tuple[Model, str | None]
 
 
 def check_paths(paths: list[str | Path], spark_master: str = "local[2]", model: str | None = None,
-                progress=None) -> list[Checked]:
-    spark = None
+                progress=None, spark=None) -> list[Checked]:
+    """`spark`: a session to use; by default one is started on the first readable history."""
     out = []
     for i, path in enumerate(paths):
         directory, history = locate(path)

@@ -80,13 +80,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from ..checker.check import check_paths
     from ..checker.verdict import summary
+    from .checking import check_with_progress
 
-    def progress(text: str) -> None:
-        print(text, file=sys.stderr, flush=True)
-
-    checked = check_paths(args.paths, args.spark_master, args.model, progress=progress)
+    checked = check_with_progress(args.paths, args.spark_master, args.model, not args.no_progress)
     for c in checked:
         print(summary(c.results, str(c.directory)))
     statuses = {c.status for c in checked}
@@ -146,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "(exactly-once, at-least-once, at-most-once, best-effort)")
     check.add_argument("--spark-master", default="local[2]", metavar="URL",
                        help="Spark master (default local[2]; e.g. spark://host:7077)")
+    check.add_argument("--no-progress", action="store_true", help="no progress line")
     check.set_defaults(func=cmd_check)
 
     clean = sub.add_parser("cleanup", help="remove namespaces, links and processes an earlier run left",

@@ -20,7 +20,6 @@ import threading
 import time
 from pathlib import Path
 
-from ..checker.check import check_paths
 from ..checker.verdict import summary
 from ..control.netns import LocalCluster
 from ..control.wait import wait_until
@@ -29,6 +28,7 @@ from ..models.spec import TestSpec
 from ..nemesis import process as process_nemesis
 from ..nemesis.core import Schedule
 from ..workloads.queue import QueueClient
+from .checking import check_with_progress
 from .db import ReferenceBrokerDB
 from .interpreter import Phase, run_phases
 from .progress import Progress
@@ -135,7 +135,7 @@ def run_test(spec: TestSpec, show_progress: bool = True) -> tuple[int, Path]:
             client_log.close()
 
     print(f"checking {run_dir / 'history.jsonl'} with Spark ({spec.spark_master})")
-    checked = check_paths([run_dir], spec.spark_master, spec.model)[0]
+    checked = check_with_progress([run_dir], spec.spark_master, spec.model, show_progress)[0]
     print(summary(checked.results, str(run_dir)))
     if interrupted:
         print(f"note: the run was interrupted ({interrupted}); the verdict covers what was recorded")

@@ -1,0 +1,192 @@
+"""Histories of a correct broker, with at most one injected fault.
+
+In: a Builder to append to, a scenario name (prefix of its keys), a
+`random.Random` and the fault to inject (None for a correct run).
+Out: the scenario's keys and the anomaly types the analysis must report
+for them, exactly.
+
+The broker is an in-memory log per key. Clients send (ok: appended and
+acknowledged with offsets; fail: not appended; info or never completed:
+appended or not, all values of the operation alike, and the process is
+replaced), assign keys (optionally seeking to the beginning; otherwise a
+newly owned key starts at the log end) and poll contiguous ranges from
+their positions. At the end one fresh consumer assigns every key with
+seek_to_beginning and reads every log to its end.
+
+Faults and what they must produce:
+- "duplicate": the log holds a second copy of a value -> {duplicate}.
+- "unexpected": the log holds a value nobody sent -> {unexpected}.
+- "inconsistent": a poll by a fresh process returns, at an existing offset,
+  the value of a failed send. A failed poll -> {inconsistent-offsets};
+  an ok poll -> {inconsistent-offsets, uncommitted-read} (the final log
+  holds the other value there, so the ok poll read something uncommitted).
+- "lost": an acknowledged record never becomes visible (readers step over
+  its offset) -> {unseen}, plus lost-write when a later record of the key
+  exists (the final read passes the offset), plus poll-skip when a poll
+  boundary falls on the hole (the acknowledged offset is in the log). The
+  oracle below tracks consumer chains to know which.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from .histories import Builder
+
+FAULTS = (None, "duplicate", "unexpected", "inconsistent", "lost")
+
+
+@dataclass
+class Entry:
+    value: int
+    visible: bool = True
+
+
+@dataclass
+class Consumer:
+    process: int
+    positions: dict[str, int] = field(default_factory=dict)
+    # last offset read per key since the last assign: the poll chain of the analysis
+    last: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Generated:
+    name: str
+    keys: list[str]
+    fault: str | None
+    expected: set[str]
+    detail: dict = field(default_factory=dict)
+
+
+class _Run:
+    def __init__(self, b: Builder, name: str, rnd: random.Random, fault: str | None):
+        self.b, self.rnd, self.fault = b, rnd, fault
+        self.keys = [f"{name}-t/{i}" for i in range(rnd.randint(1, 3))]
+        self.log: dict[str, list[Entry]] = {k: [] for k in self.keys}
+        self.next_value = 1
+        self.expected: set[str] = set()
+        self.detail: dict = {}
+        self.hole_pending = False
+
+    def value(self) -> int:
+        self.next_value += 1
+        return self.next_value - 1
+
+    def visible(self, k: str) -> list[int]:
+        return [o for o, e in enumerate(self.log[k]) if e.visible]
+
+    # --- client operations ---------------------------------------------
+
+    def send(self, c: Consumer) -> Consumer:
+        r = self.rnd
+        mops = [(r.choice(self.keys), self.value()) for _ in range(r.randint(1, 2))]
+        outcome = r.choices(["ok", "fail", "info", "never"], [70, 12, 12, 6])[0]
+        if outcome == "ok":
+            sends = []
+            for k, v in mops:
+                entry = Entry(v)
+                if self.hole_pending:
+                    entry.visible = False
+                    self.hole_pending = False
+                    self.detail = {"key": k, "value": v, "offset": len(self.log[k])}
+                self.log[k].append(entry)
+                sends.append((k, v, len(self.log[k]) - 1))
+            self.b.send(c.process, sends, "ok")
+            return c
+        if outcome == "fail":
+            self.b.send(c.process, [(k, v, None) for k, v in mops], "fail")
+            return c
+        if r.random() < 0.5:  # an indeterminate send may well have happened
+            for k, v in mops:
+                self.log[k].append(Entry(v))
+        self.b.send(c.process, [(k, v, None) for k, v in mops], "info", completed=outcome == "info")
+        return Consumer(self.b.process())
+
+    def assign(self, c: Consumer, keys: list[str] | None = None, seek: bool | None = None) -> None:
+        r = self.rnd
+        keys = keys or r.sample(self.keys, r.randint(1, len(self.keys)))
+        seek = r.random() < 0.4 if seek is None else seek
+        f = "assign" if seek or r.random() < 0.7 else "subscribe"
+        c.positions = {k: 0 if seek else c.positions.get(k, len(self.log[k])) for k in keys}
+        c.last = {}
+        self.b.assign(c.process, keys, seek=seek, f=f)
+
+    def poll(self, c: Consumer, most: int = 3, outcome: str | None = None) -> Consumer:
+        r = self.rnd
+        outcome = outcome or r.choices(["ok", "fail", "info"], [85, 10, 5])[0]
+        if outcome != "ok":  # a timeout or an error: nothing returned, nothing consumed
+            self.b.poll(c.process, [], outcome)
+            return c if outcome == "fail" else Consumer(self.b.process())
+        records = []
+        for k in r.sample(list(c.positions), len(c.positions)):
+            pos = c.positions[k]
+            n = r.randint(0, most)
+            got = [(k, o, self.log[k][o].value) for o in range(pos, min(pos + n, len(self.log[k])))
+                   if self.log[k][o].visible]
+            c.positions[k] = min(pos + n, len(self.log[k]))
+            if got:
+                if k in c.last and got[0][1] > c.last[k] + 1:
+                    self.expected.add("poll-skip")
+                c.last[k] = got[-1][1]
+            records += got
+        self.b.poll(c.process, records, "ok")
+        return c
+
+    # --- faults ----------------------------------------------------------
+
+    def inject(self, slots: list[Consumer]) -> None:
+        r, k = self.rnd, self.rnd.choice(self.keys)
+        if self.fault == "duplicate" and self.visible(k):
+            v = self.log[k][r.choice(self.visible(k))].value
+            self.log[k].append(Entry(v))
+            self.expected.add("duplicate")
+            self.detail = {"key": k, "value": v}
+        elif self.fault == "unexpected":
+            v = 10_000_000 + self.value()
+            self.log[k].append(Entry(v))
+            self.expected.add("unexpected")
+            self.detail = {"key": k, "value": v}
+        elif self.fault == "inconsistent" and self.visible(k):
+            o = r.choice(self.visible(k))
+            w = self.value()
+            self.b.send(slots[0].process, [(k, w, None)], "fail")
+            type_ = r.choice(["ok", "fail"])
+            self.b.poll(self.b.process(), [(k, o, w)], type_)
+            self.expected |= {"inconsistent-offsets"} | ({"uncommitted-read"} if type_ == "ok" else set())
+            self.detail = {"key": k, "offset": o, "values": sorted([self.log[k][o].value, w]), "poll": type_}
+        elif self.fault == "lost":
+            self.hole_pending = True
+
+    def run(self, steps: int) -> None:
+        r = self.rnd
+        slots = [Consumer(self.b.process()) for _ in range(r.randint(2, 3))]
+        inject_at = r.randrange(steps)
+        for step in range(steps):
+            if step == inject_at:
+                self.inject(slots)
+            i = r.randrange(len(slots))
+            action = r.choices(["send", "poll", "assign"], [45, 40, 15])[0]
+            if action == "send":
+                slots[i] = self.send(slots[i])
+            elif action == "assign":
+                self.assign(slots[i])
+            else:
+                slots[i] = self.poll(slots[i])
+        # The final reads: one fresh consumer reads every key from the beginning.
+        final = Consumer(self.b.process())
+        self.assign(final, list(self.keys), seek=True)
+        while any(final.positions[k] < len(self.log[k]) for k in self.keys):
+            self.poll(final, most=4, outcome="ok")
+        if self.detail and self.fault == "lost":
+            k, o = self.detail["key"], self.detail["offset"]
+            self.expected.add("unseen")
+            if any(p > o for p in self.visible(k)):
+                self.expected.add("lost-write")
+
+
+def generate(b: Builder, name: str, rnd: random.Random, fault: str | None, steps: int = 20) -> Generated:
+    run = _Run(b, name, rnd, fault)
+    run.run(steps)
+    return Generated(name, run.keys, fault, run.expected, run.detail)

@@ -1,0 +1,98 @@
+"""Building histories for the analysis tests.
+
+In: operations described by what they do (a send of these values, a poll
+returning these records, an assign). Out: history lines (dicts) with
+index, time and process filled in, as `faultline.models.history` writes
+them, plus the expected operation counts.
+
+`Catalog` packs many small scenarios into one history: each gets its own
+keys (prefixed with its name) and its own processes, so the anomalies of
+one never touch another, and one Spark analysis checks them all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+Op = dict[str, Any]
+
+
+@dataclass
+class Builder:
+    """Appends invocation/completion pairs; returns the completion's index."""
+
+    lines: list[Op] = field(default_factory=list)
+    time: int = 0
+    next_process: int = 0
+    counts: dict[str, int] = field(default_factory=lambda: {"ops": 0, "ok": 0, "fail": 0, "info": 0})
+
+    def process(self) -> int:
+        self.next_process += 1
+        return self.next_process - 1
+
+    def line(self, process: int | str, type_: str, f: str, **fields: Any) -> int:
+        self.time += 10
+        op = {"index": len(self.lines), "time": self.time, "process": process, "type": type_, "f": f}
+        op.update({k: v for k, v in fields.items() if v is not None})
+        self.lines.append(op)
+        return op["index"]
+
+    def op(self, process: int | str, f: str, type_: str, invoke: dict, complete: dict | None = None,
+           completed: bool = True) -> int:
+        index = self.line(process, "invoke", f, **invoke)
+        if process != "nemesis":
+            self.counts["ops"] += 1
+            self.counts[type_ if completed else "info"] += 1
+        if not completed:
+            return index
+        return self.line(process, type_, f, **(invoke if complete is None else complete))
+
+    def send(self, process: int, sends: list[tuple[str, int, int | None]], type_: str = "ok",
+             f: str = "send", completed: bool = True) -> int:
+        """sends: (key, value, offset); offsets are recorded on ok completions only."""
+        invoke = [{"f": "send", "key": k, "value": v} for k, v, _ in sends]
+        done = [{"f": "send", "key": k, "value": v, "offset": o if type_ == "ok" else None} for k, v, o in sends]
+        return self.op(process, f, type_, {"mops": invoke}, {"mops": done}, completed)
+
+    def poll(self, process: int, records: list[tuple[str, int, int]], type_: str = "ok",
+             completed: bool = True) -> int:
+        done = [{"f": "poll", "records": [{"key": k, "offset": o, "value": v} for k, o, v in records]}]
+        return self.op(process, "poll", type_, {"mops": [{"f": "poll"}]}, {"mops": done}, completed)
+
+    def assign(self, process: int, keys: list[str], seek: bool = False, type_: str = "ok", f: str = "assign") -> int:
+        fields = {"keys": keys, "seek_to_beginning": True if seek else None}
+        return self.op(process, f, type_, fields, fields)
+
+    def nemesis(self, f: str = "start-partition") -> int:
+        return self.op("nemesis", f, "info", {"value": {"grudge": {"n1": ["n2"]}}})
+
+
+class Scenario:
+    """A view of a Builder with keys namespaced by the scenario's name and its own processes."""
+
+    def __init__(self, name: str, builder: Builder):
+        self.name = name
+        self.b = builder
+
+    def key(self, k: str = "0") -> str:
+        return f"{self.name}-t/{k}"
+
+    def __getattr__(self, attr):
+        return getattr(self.b, attr)
+
+
+class Catalog:
+    """Scenarios registered by name, laid out one after another in one history."""
+
+    def __init__(self) -> None:
+        self.scenarios: dict[str, Callable[[Scenario], Any]] = {}
+
+    def __call__(self, fn: Callable[[Scenario], Any]) -> Callable[[Scenario], Any]:
+        self.scenarios[fn.__name__] = fn
+        return fn
+
+    def build(self) -> tuple[Builder, dict[str, Any]]:
+        b = Builder()
+        facts = {name: fn(Scenario(name, b)) for name, fn in self.scenarios.items()}
+        return b, facts

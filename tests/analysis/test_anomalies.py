@@ -1,0 +1,460 @@
+"""Hand-written histories, one scenario per case, all checked by one Spark analysis.
+
+Each scenario owns its keys ("<name>-t/<n>") and processes, so the
+anomalies found on its keys are its own. A test asserts the exact set of
+anomaly types on its keys and the witness fields that matter.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from faultline.history_analysis.anomalies import TYPES, analyse
+from faultline.models.history import write_history
+
+from .conftest import by_scenario, read_full
+from .histories import Catalog
+
+scenario = Catalog()
+
+
+# --- lost-write and unseen ---------------------------------------------------------
+
+@scenario
+def lost_write(s):
+    k, p, c = s.key(), s.process(), s.process()
+    send1 = s.send(p, [(k, 1, 0)])
+    send2 = s.send(p, [(k, 2, 1)])
+    s.send(p, [(k, 3, 2)])
+    s.assign(c, [k], seek=True)
+    poll = s.poll(c, [(k, 0, 1), (k, 2, 3)])
+    return {"send2": send2, "poll": poll, "send1": send1}
+
+
+def test_lost_write(found):
+    f, ix = found("lost_write")
+    assert set(f) == {"lost-write", "unseen"}
+    assert f["lost-write"] == [{"key": "lost_write-t/0", "value": 2, "offset": 1, "send_op": ix["send2"],
+                                "read_op": ix["poll"], "read_offset": 2, "ops": [ix["send2"], ix["poll"]]}]
+    assert f["unseen"] == [{"key": "lost_write-t/0", "count": 1, "values": [2], "offsets": [1], "ops": [ix["send2"]]}]
+
+
+@scenario
+def not_lost_while_no_poll_passed_it(s):
+    k, p, c = s.key(), s.process(), s.process()
+    s.send(p, [(k, 1, 0)])
+    s.send(p, [(k, 2, 1)])
+    s.assign(c, [k], seek=True)
+    s.poll(c, [(k, 0, 1)])
+
+
+def test_unseen_but_not_lost_while_reads_have_not_passed_it(found):
+    f, _ = found("not_lost_while_no_poll_passed_it")
+    assert set(f) == {"unseen"}
+    assert f["unseen"][0]["values"] == [2]
+
+
+@scenario
+def read_only_by_failed_poll(s):
+    k, p, c, d = s.key(), s.process(), s.process(), s.process()
+    s.send(p, [(k, 1, 0), (k, 2, 1), (k, 3, 2)])
+    s.poll(d, [(k, 1, 2)], "fail")
+    s.assign(c, [k], seek=True)
+    s.poll(c, [(k, 0, 1), (k, 2, 3)])
+
+
+def test_a_value_a_failed_poll_returned_is_not_lost_but_unseen(found):
+    f, _ = found("read_only_by_failed_poll")
+    assert set(f) == {"unseen"}
+
+
+@scenario
+def unknown_offset(s):
+    k, p, c = s.key(), s.process(), s.process()
+    s.send(p, [(k, 1, 0)])
+    s.send(p, [(k, 2, None)])  # acks=0: acknowledged without an offset
+    s.send(p, [(k, 3, 2)])
+    s.assign(c, [k], seek=True)
+    s.poll(c, [(k, 0, 1), (k, 2, 3)])
+
+
+def test_an_acknowledged_value_without_offset_can_only_be_unseen(found):
+    f, _ = found("unknown_offset")
+    assert set(f) == {"unseen"}
+    assert f["unseen"][0]["offsets"] == [None]
+
+
+@scenario
+def info_and_fail_sends_read(s):
+    k, p, q, c = s.key(), s.process(), s.process(), s.process()
+    s.send(p, [(k, 1, None), (k, 2, None)], "info")  # 1 is read below: this send took effect
+    s.send(q, [(k, 3, None)], "fail")  # read below anyway: not unexpected (G1a, not judged here)
+    s.send(q, [(k, 4, 2)])
+    s.assign(c, [k], seek=True)
+    s.poll(c, [(k, 0, 1), (k, 1, 3), (k, 2, 4)])
+
+
+def test_info_and_fail_values_that_were_read_are_no_anomaly_here(found):
+    f, _ = found("info_and_fail_sends_read")
+    # 2 committed (its info op took effect) but its offset is unknown: not lost;
+    # not acknowledged by an ok send: not unseen.
+    assert f == {}
+
+
+def _info_send_with_offsets(s, first_read: bool):
+    # A harness that learned the offsets of an indeterminate send may record
+    # them; then the other values of a send that took effect can be lost.
+    k, p, q, c = s.key(), s.process(), s.process(), s.process()
+    mops = [{"f": "send", "key": k, "value": 1}, {"f": "send", "key": k, "value": 2}]
+    info = s.op(p, "send", "info", {"mops": mops},
+                {"mops": [dict(mops[0], offset=0), dict(mops[1], offset=1)]})
+    s.send(q, [(k, 3, 2)])
+    s.assign(c, [k], seek=True)
+    poll = s.poll(c, ([(k, 0, 1)] if first_read else []) + [(k, 2, 3)])
+    return {"info": info, "poll": poll}
+
+
+@scenario
+def info_send_took_effect(s):
+    return _info_send_with_offsets(s, first_read=True)
+
+
+@scenario
+def info_send_maybe_not(s):
+    return _info_send_with_offsets(s, first_read=False)
+
+
+def test_an_info_send_with_a_value_read_is_committed_so_its_others_can_be_lost(found):
+    f, ix = found("info_send_took_effect")
+    assert set(f) == {"lost-write"}
+    assert [(w["value"], w["offset"], w["ops"]) for w in f["lost-write"]] == [(2, 1, [ix["info"], ix["poll"]])]
+    f, _ = found("info_send_maybe_not")
+    assert f == {}
+
+
+@scenario
+def never_completed_send_read(s):
+    k, p, c = s.key(), s.process(), s.process()
+    s.assign(c, [k], seek=True)
+    s.send(p, [(k, 7, None)], completed=False)
+    s.poll(c, [(k, 0, 7)])
+
+
+def test_an_invocation_never_completed_counts_as_sent(found):
+    f, _ = found("never_completed_send_read")
+    assert f == {}
+
+
+# --- duplicate, inconsistent-offsets, unexpected --------------------------------------
+
+@scenario
+def duplicate(s):
+    k, p, c = s.key(), s.process(), s.process()
+    send = s.send(p, [(k, 1, 0), (k, 2, 1)])
+    poll = s.poll(c, [(k, 0, 1), (k, 1, 2), (k, 2, 1)])
+    return {"send": send, "poll": poll}
+
+
+def test_duplicate(found):
+    f, ix = found("duplicate")
+    assert set(f) == {"duplicate"}
+    assert f["duplicate"] == [{"key": "duplicate-t/0", "value": 1, "offsets": [0, 2], "ops": [ix["send"], ix["poll"]]}]
+
+
+@scenario
+def duplicate_from_failed_poll(s):
+    k, p, c, d = s.key(), s.process(), s.process(), s.process()
+    send = s.send(p, [(k, 1, 0)])
+    s.poll(c, [(k, 0, 1)])
+    failed = s.poll(d, [(k, 4, 1)], "fail")
+    return {"send": send, "failed": failed}
+
+
+def test_records_of_a_failed_poll_are_evidence_of_the_log(found):
+    f, ix = found("duplicate_from_failed_poll")
+    assert set(f) == {"duplicate"}
+    assert f["duplicate"] == [{"key": "duplicate_from_failed_poll-t/0", "value": 1, "offsets": [0, 4],
+                               "ops": [ix["send"], ix["failed"]]}]
+
+
+@scenario
+def same_record_twice(s):
+    k, p, c, d = s.key(), s.process(), s.process(), s.process()
+    s.send(p, [(k, 1, 0)])
+    s.poll(c, [(k, 0, 1)])
+    s.poll(d, [(k, 0, 1)])
+
+
+def test_the_same_record_read_twice_is_no_anomaly(found):
+    assert found("same_record_twice")[0] == {}
+
+
+@scenario
+def inconsistent_offsets(s):
+    k, p, c, d = s.key(), s.process(), s.process(), s.process()
+    send = s.send(p, [(k, 1, 0)])
+    s.send(p, [(k, 2, None)], "fail")
+    s.poll(c, [(k, 0, 1)])
+    failed = s.poll(d, [(k, 0, 2)], "fail")
+    return {"send": send, "failed": failed}
+
+
+def test_inconsistent_offsets(found):
+    f, ix = found("inconsistent_offsets")
+    # The failed poll keeps this from being an uncommitted read, and value 2
+    # was sent (by a failed send), so it is not unexpected either.
+    assert set(f) == {"inconsistent-offsets"}
+    assert f["inconsistent-offsets"] == [{"key": "inconsistent_offsets-t/0", "offset": 0, "values": [1, 2],
+                                          "ops": [ix["send"], ix["failed"]]}]
+
+
+@scenario
+def unexpected(s):
+    k, k2, p, c = s.key("0"), s.key("1"), s.process(), s.process()
+    s.send(p, [(k2, 5, 0)])
+    poll = s.poll(c, [(k, 0, 99), (k, 1, 5)])  # 5 was sent, but to another key
+    return {"poll": poll}
+
+
+def test_unexpected(found):
+    f, ix = found("unexpected")
+    assert set(f) == {"unexpected", "unseen"}  # 5 was never read from the key it was sent to
+    assert f["unexpected"] == [
+        {"key": "unexpected-t/0", "value": 5, "offset": 1, "offsets": [1], "reads": 1, "ops": [ix["poll"]]},
+        {"key": "unexpected-t/0", "value": 99, "offset": 0, "offsets": [0], "reads": 1, "ops": [ix["poll"]]},
+    ]
+
+
+# --- poll-skip and nonmonotonic-poll ------------------------------------------------
+
+def _four_values(s, k):
+    p, other = s.process(), s.process()
+    s.send(p, [(k, 1, 0), (k, 2, 1), (k, 3, 2), (k, 4, 3)])
+    s.poll(other, [(k, 0, 1), (k, 1, 2), (k, 2, 3), (k, 3, 4)])  # everything is read by someone
+
+
+@scenario
+def poll_skip(s):
+    k, c = s.key(), s.process()
+    _four_values(s, k)
+    s.assign(c, [k])
+    first = s.poll(c, [(k, 0, 1)])
+    s.poll(c, [], "fail")  # failed polls are not links of the chain
+    second = s.poll(c, [(k, 3, 4)])
+    return {"first": first, "second": second, "c": c}
+
+
+def test_poll_skip(found):
+    f, ix = found("poll_skip")
+    assert set(f) == {"poll-skip"}
+    assert f["poll-skip"] == [{"process": ix["c"], "key": "poll_skip-t/0", "prev_offset": 0, "next_offset": 3,
+                               "skipped": [1, 2], "skipped_count": 2, "ops": [ix["first"], ix["second"]]}]
+
+
+@scenario
+def poll_skip_reset_by_assign(s):
+    k, c = s.key(), s.process()
+    _four_values(s, k)
+    s.assign(c, [k])
+    s.poll(c, [(k, 0, 1)])
+    s.assign(c, [k])
+    s.poll(c, [(k, 3, 4)])
+
+
+@scenario
+def poll_gap_nothing_known_in_it(s):
+    k, p, c = s.key(), s.process(), s.process()
+    s.send(p, [(k, 1, 0), (k, 2, 4)])  # offsets 1-3 hold no records (e.g. transaction markers)
+    s.poll(c, [(k, 0, 1)])
+    s.poll(c, [(k, 4, 2)])
+
+
+def test_no_poll_skip_across_an_assign_or_over_offsets_nobody_saw(found):
+    assert found("poll_skip_reset_by_assign")[0] == {}
+    assert found("poll_gap_nothing_known_in_it")[0] == {}
+
+
+@scenario
+def nonmonotonic_poll(s):
+    k, c = s.key(), s.process()
+    _four_values(s, k)
+    first = s.poll(c, [(k, 0, 1), (k, 1, 2)])
+    second = s.poll(c, [(k, 1, 2), (k, 2, 3)])
+    return {"first": first, "second": second, "c": c}
+
+
+def test_nonmonotonic_poll(found):
+    f, ix = found("nonmonotonic_poll")
+    assert set(f) == {"nonmonotonic-poll"}
+    assert f["nonmonotonic-poll"] == [{"process": ix["c"], "key": "nonmonotonic_poll-t/0", "prev_offset": 1,
+                                       "next_offset": 1, "ops": [ix["first"], ix["second"]]}]
+
+
+@scenario
+def rewind_after_seek(s):
+    k, c = s.key(), s.process()
+    _four_values(s, k)
+    s.assign(c, [k], seek=True)
+    s.poll(c, [(k, 0, 1), (k, 1, 2)])
+    s.assign(c, [k], seek=True)
+    s.poll(c, [(k, 0, 1), (k, 1, 2)])
+
+
+def test_assign_resets_the_poll_chain(found):
+    assert found("rewind_after_seek")[0] == {}
+
+
+# --- nonmonotonic-send -------------------------------------------------------------
+
+@scenario
+def nonmonotonic_send(s):
+    k, p, c = s.key(), s.process(), s.process()
+    first = s.send(p, [(k, 1, 5)])
+    second = s.send(p, [(k, 2, 3)])
+    s.poll(c, [(k, 3, 2), (k, 5, 1)])
+    return {"first": first, "second": second, "p": p}
+
+
+@scenario
+def sends_of_two_processes(s):
+    k, p, q, c = s.key(), s.process(), s.process(), s.process()
+    s.send(p, [(k, 1, 5)])
+    s.send(q, [(k, 2, 3)])
+    s.send(p, [(k, 3, 6), (k, 4, 4)])  # reversed inside one op: int-nonmonotonic-send, not this type
+    s.poll(c, [(k, 3, 2), (k, 4, 4), (k, 5, 1), (k, 6, 3)])
+
+
+def test_nonmonotonic_send(found):
+    f, ix = found("nonmonotonic_send")
+    assert set(f) == {"nonmonotonic-send"}
+    assert f["nonmonotonic-send"] == [{"process": ix["p"], "key": "nonmonotonic_send-t/0", "prev_offset": 5,
+                                       "next_offset": 3, "prev_value": 1, "next_value": 2,
+                                       "ops": [ix["first"], ix["second"]]}]
+    assert found("sends_of_two_processes")[0] == {}
+
+
+# --- uncommitted-read ---------------------------------------------------------------
+
+@scenario
+def uncommitted_read_other_value(s):
+    k, p, q, c, final = s.key(), s.process(), s.process(), s.process(), s.process()
+    s.send(p, [(k, 1, 0)])
+    s.send(q, [(k, 9, None)], "info")
+    s.assign(c, [k], seek=True)
+    read = s.poll(c, [(k, 0, 1), (k, 1, 9)])  # 9 stood above the high watermark, then was truncated
+    s.send(p, [(k, 2, 1)])
+    start = s.assign(final, [k], seek=True)
+    again = s.poll(final, [(k, 0, 1), (k, 1, 2)])
+    return {"read": read, "start": start, "again": again}
+
+
+def test_uncommitted_read_of_a_value_the_final_log_replaced(found):
+    f, ix = found("uncommitted_read_other_value")
+    assert set(f) == {"uncommitted-read", "inconsistent-offsets"}
+    assert f["uncommitted-read"] == [{"key": "uncommitted_read_other_value-t/0", "offset": 1, "value": 9,
+                                      "final_value": 2, "final_op": ix["again"], "final_assign": ix["start"],
+                                      "ops": [ix["read"], ix["again"]]}]
+
+
+@scenario
+def uncommitted_read_nothing_there(s):
+    k, p, q, c, final = s.key(), s.process(), s.process(), s.process(), s.process()
+    s.send(p, [(k, 1, 0)])
+    s.send(q, [(k, 9, None)], "info")
+    s.assign(c, [k], seek=True)
+    read = s.poll(c, [(k, 0, 1), (k, 1, 9)])
+    s.send(p, [(k, 2, 2)])
+    start = s.assign(final, [k], seek=True)
+    s.poll(final, [(k, 0, 1)])
+    s.poll(final, [(k, 2, 2)])  # skips 1: the final log has nothing there
+    return {"read": read, "start": start}
+
+
+def test_uncommitted_read_of_an_offset_the_final_log_lacks(found):
+    f, ix = found("uncommitted_read_nothing_there")
+    # the final chain's own step over offset 1 is a poll-skip: the log shows 1 exists
+    assert set(f) == {"uncommitted-read", "poll-skip"}
+    assert f["uncommitted-read"] == [{"key": "uncommitted_read_nothing_there-t/0", "offset": 1, "value": 9,
+                                      "final_value": None, "final_op": None, "final_assign": ix["start"],
+                                      "ops": [ix["read"], ix["start"]]}]
+
+
+@scenario
+def final_read_stops_short(s):
+    k, p, q, c, final = s.key(), s.process(), s.process(), s.process(), s.process()
+    s.send(p, [(k, 1, 0)])
+    s.send(q, [(k, 9, None)], "info")
+    s.assign(c, [k], seek=True)
+    s.poll(c, [(k, 0, 1), (k, 1, 9)])
+    s.assign(final, [k], seek=True)
+    s.poll(final, [(k, 0, 1)])
+
+
+@scenario
+def no_final_read(s):
+    k, p, c = s.key(), s.process(), s.process()
+    s.send(p, [(k, 1, 0)])
+    s.assign(c, [k])
+    s.poll(c, [(k, 0, 1)])
+
+
+def test_no_uncommitted_read_without_evidence_from_a_final_read(found, catalog):
+    assert found("final_read_stops_short")[0] == {}
+    assert found("no_final_read")[0] == {}
+    # every seek_to_beginning chain of the catalog reads its keys, so the keys
+    # not judged are those read by ok polls and never assigned that way
+    lines = catalog["builder"].lines
+    read = {r["key"] for op in lines if op["type"] == "ok" and op["f"] == "poll"
+            for m in op["mops"] for r in m["records"]}
+    sought = {k for op in lines if op["type"] == "ok" and op.get("seek_to_beginning") for k in op["keys"]}
+    unjudged = sorted(read - sought)
+    assert "no_final_read-t/0" in unjudged
+    [note] = [n for n in catalog["analysis"].notes if n.startswith("uncommitted-read not judged")]
+    assert note == (f"uncommitted-read not judged for {len(unjudged)} key(s) ({', '.join(unjudged[:8])}, ...): "
+                    f"no assign with seek_to_beginning read them from the beginning")
+
+
+# --- the analysis as a whole ---------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def catalog(spark, tmp_path_factory):
+    builder, facts = scenario.build()
+    builder.nemesis()
+    k = "stats-t/0"
+    builder.send(builder.process(), [(k, 1, None)], completed=False)
+    tmp = tmp_path_factory.mktemp("catalog")
+    path = tmp / "history.jsonl"
+    write_history(path, builder.lines)
+    analysis = analyse(spark, str(path), limit=2, full_dir=str(tmp / "anomalies"))
+    full = read_full(tmp / "anomalies")
+    return {"analysis": analysis, "full": full, "by_scenario": by_scenario(full), "facts": facts,
+            "builder": builder, "path": path}
+
+
+@pytest.fixture
+def found(catalog):
+    def get(name):
+        return catalog["by_scenario"].get(name, {}), catalog["facts"][name] or {}
+    return get
+
+
+def test_stats_count_client_operations_and_never_completed_as_info(catalog):
+    assert catalog["analysis"].stats == catalog["builder"].counts
+    # one in never_completed_send_read, one at the very end
+    assert "2 invocation(s) never completed; counted as info" in catalog["analysis"].notes
+
+
+def test_counts_examples_and_full_files_agree(catalog):
+    analysis, full = catalog["analysis"], catalog["full"]
+    assert set(full) == set(TYPES)  # one file per type, empty when none found
+    for kind in TYPES:
+        witnesses = full[kind]
+        expected = sum(w["count"] for w in witnesses) if kind == "unseen" else len(witnesses)
+        assert analysis.counts.get(kind, 0) == expected
+        assert analysis.examples.get(kind, []) == witnesses[:2]
+        firsts = [min(w["ops"]) for w in witnesses]
+        assert firsts == sorted(firsts), kind
+    assert set(analysis.counts) == {kind for kind in TYPES if full[kind]}
+    assert json.loads(json.dumps(analysis.examples)) == analysis.examples
