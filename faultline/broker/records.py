@@ -232,7 +232,8 @@ def validate_records(batch: bytes | memoryview, pos: int = 0) -> None:
             raise CorruptBatch(f"record {i} has offset delta {record.offset - header.base_offset}, not {i}")
 
 
-def _zigzag(value: int) -> bytes:
+def encode_varint(value: int) -> bytes:
+    """A zigzag varint, as records encode their lengths and deltas."""
     value = (value << 1) ^ (value >> 63)
     out = bytearray()
     while True:
@@ -247,8 +248,8 @@ def _zigzag(value: int) -> bytes:
 
 def _encode_bytes(data: bytes | None) -> bytes:
     if data is None:
-        return _zigzag(-1)
-    return _zigzag(len(data)) + data
+        return encode_varint(-1)
+    return encode_varint(len(data)) + data
 
 
 def encode_batch(
@@ -265,8 +266,8 @@ def encode_batch(
     batches and by tests that speak the wire protocol directly."""
     body = bytearray()
     for delta, (key, value) in enumerate(values):
-        rec = b"\x00" + _zigzag(0) + _zigzag(delta) + _encode_bytes(key) + _encode_bytes(value) + _zigzag(0)
-        body += _zigzag(len(rec)) + rec
+        rec = b"\x00" + encode_varint(0) + encode_varint(delta) + _encode_bytes(key) + _encode_bytes(value) + encode_varint(0)
+        body += encode_varint(len(rec)) + rec
     n = len(values)
     header = bytearray(HEADER.pack(
         base_offset, HEADER_SIZE - LOG_OVERHEAD + len(body), -1, MAGIC_V2, 0, attributes,

@@ -11,7 +11,6 @@ import asyncio
 import time
 from collections import defaultdict
 
-import pytest
 
 N = 10_000
 PARTITIONS = 3

@@ -27,6 +27,7 @@ from faultline.broker.records import (
     MAGIC_V2,
     check_batch,
     encode_batch,
+    encode_varint,
     iter_headers,
     read_header,
     with_offsets,
@@ -34,22 +35,6 @@ from faultline.broker.records import (
 from faultline.broker.state import CHECKPOINT_FILE, BrokerState
 
 LISTEN = "127.0.0.1:9092"
-
-
-@pytest.fixture(autouse=True)
-def _close_leftover_files(tmp_path):
-    """Close the segment files a test left open (a test that fails midway, or a
-    simulated crash followed by more work), so that descriptors do not pile up."""
-    yield
-    fd_dir = Path("/proc/self/fd")
-    if not fd_dir.is_dir():
-        return
-    for fd in os.listdir(fd_dir):
-        try:
-            if os.readlink(fd_dir / fd).startswith(str(tmp_path)):
-                os.close(int(fd))
-        except OSError:
-            pass
 
 
 # --- helpers --------------------------------------------------------------------------------
@@ -643,17 +628,6 @@ def test_a_checkpoint_beyond_the_log_end_is_clamped(tmp_path):
 # --- timestamps ----------------------------------------------------------------------------------
 
 
-def _varint(value: int) -> bytes:
-    value = (value << 1) ^ (value >> 63)
-    out = bytearray()
-    while True:
-        b = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
 
 
 def timed_batch(timestamps: list[int]) -> bytes:
@@ -662,8 +636,8 @@ def timed_batch(timestamps: list[int]) -> bytes:
     body = bytearray()
     for delta, ts in enumerate(timestamps):
         value = b"v%d" % delta
-        rec = b"\x00" + _varint(ts - base) + _varint(delta) + _varint(-1) + _varint(len(value)) + value + _varint(0)
-        body += _varint(len(rec)) + rec
+        rec = b"\x00" + encode_varint(ts - base) + encode_varint(delta) + encode_varint(-1) + encode_varint(len(value)) + value + encode_varint(0)
+        body += encode_varint(len(rec)) + rec
     n = len(timestamps)
     out = bytearray(HEADER.pack(0, HEADER_SIZE - LOG_OVERHEAD + len(body), -1, MAGIC_V2, 0, 0, n - 1,
                                 base, max(timestamps), -1, -1, -1, n)) + body

@@ -33,22 +33,6 @@ OUT_OF_ORDER = ErrorCode.out_of_order_sequence_number
 FENCED = ErrorCode.invalid_producer_epoch
 
 
-@pytest.fixture(autouse=True)
-def _close_leftover_files(tmp_path):
-    """Close the segment files a test left open (a test that fails midway, or a
-    simulated crash followed by more work), so that descriptors do not pile up."""
-    yield
-    fd_dir = Path("/proc/self/fd")
-    if not fd_dir.is_dir():
-        return
-    for fd in os.listdir(fd_dir):
-        try:
-            if os.readlink(fd_dir / fd).startswith(str(tmp_path)):
-                os.close(int(fd))
-        except OSError:
-            pass
-
-
 # --- helpers --------------------------------------------------------------------------------
 
 
