@@ -32,7 +32,10 @@ def ours(listing: str) -> list[str]:
 def leftovers() -> dict[str, list[str]]:
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
-    procs = subprocess.run(["pgrep", "-af", "faultline.broker.main"], capture_output=True, text=True).stdout
+    # Brokers of `faultline run` keep their data in its temporary work folder; brokers
+    # of other tests (another checkout's suite, say) are none of these tests' business.
+    procs = subprocess.run(["pgrep", "-af", "faultline.broker.main .*--data-dir /tmp/faultline-"],
+                           capture_output=True, text=True).stdout
     return {
         "namespaces": [l for l in netns.splitlines() if l.startswith("faultline-")],
         "links": [l.split(":")[1].strip() for l in links.splitlines() if l.split(":")[1].strip().startswith("fl")],
