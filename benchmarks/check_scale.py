@@ -20,8 +20,9 @@ from pathlib import Path
 
 
 def generate(path: Path, ops: int, processes: int = 10, keys: int = 20, seed: int = 0) -> None:
-    """A history of `ops` operations: sends of 1..3 values and polls reading on from each
-    consumer's position, over a correct log. Written with string formatting for speed."""
+    """A history of `ops` operations (sends of 1..3 values and polls reading on from each
+    consumer's position, over a correct log), then final reads of every key (a few more
+    operations). Written with string formatting for speed."""
     rng = random.Random(seed)
     key_names = [f"t/{k}" for k in range(keys)]
     logs: list[list[int]] = [[] for _ in range(keys)]
@@ -49,13 +50,28 @@ def generate(path: Path, ops: int, processes: int = 10, keys: int = 20, seed: in
             else:
                 k = rng.randrange(keys)
                 start = positions[p][k]
-                end = min(len(logs[k]), start + rng.randint(0, 5))
+                end = min(len(logs[k]), start + rng.randint(0, 12))
                 positions[p][k] = end
                 recs = ",".join(f'{{"key":"{key_names[k]}","offset":{o},"value":{logs[k][o]}}}'
                                 for o in range(start, end))
                 w(f'{{"index":{index},"time":{t},"process":{p},"type":"invoke","f":"poll","mops":[{{"f":"poll"}}]}}\n')
                 w(f'{{"index":{index + 1},"time":{t + 500},"process":{p},"type":"ok","f":"poll","mops":[{{"f":"poll","records":[{recs}]}}]}}\n')
             index += 2
+        # Final reads, as the runner's final phase does: one consumer reads every key
+        # from the beginning, so every acknowledged value is seen.
+        t += 1000
+        assign = '{"f":"assign","keys":[' + ",".join(f'"{k}"' for k in key_names) + '],"seek_to_beginning":true}'
+        w(f'{{"index":{index},"time":{t},"process":0,"type":"invoke",{assign[1:]}\n')
+        w(f'{{"index":{index + 1},"time":{t + 1},"process":0,"type":"ok",{assign[1:]}\n')
+        index += 2
+        for k in range(keys):
+            for start in range(0, len(logs[k]), 1000):
+                t += 1000
+                recs = ",".join(f'{{"key":"{key_names[k]}","offset":{o},"value":{logs[k][o]}}}'
+                                for o in range(start, min(start + 1000, len(logs[k]))))
+                w(f'{{"index":{index},"time":{t},"process":0,"type":"invoke","f":"poll","mops":[{{"f":"poll"}}]}}\n')
+                w(f'{{"index":{index + 1},"time":{t + 1},"process":0,"type":"ok","f":"poll","mops":[{{"f":"poll","records":[{recs}]}}]}}\n')
+                index += 2
 
 
 def main() -> int:
