@@ -89,6 +89,9 @@ def test_run_flags_with_bad_values_are_refused_with_the_reason():
                            "--replication-factor", "3"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "replication-factor=3 needs that many nodes" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "faultline.runner.cli", "run", "--nodes", "3"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "use --nodes 1" in proc.stderr
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")

@@ -79,6 +79,8 @@ class TestSpec:
         need(1 <= rf <= self.nodes, f"replication-factor={rf} needs that many nodes; nodes={self.nodes}")
         need(self.workload == "queue", f"workload {self.workload!r} is unknown; the one workload is 'queue'")
         need(self.broker == "reference", f"broker {self.broker!r} is unknown; use 'reference'")
+        need(self.nodes == 1, f"nodes={self.nodes}: the reference broker does not replicate between "
+                              f"nodes yet, so a test runs on one node; use --nodes 1")
         need(self.backend == "local", f"backend {self.backend!r} is unknown; use 'local'")
 
     @property
