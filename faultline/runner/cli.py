@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from ..broker import main as broker_main
@@ -74,6 +75,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         spec = _spec_from_args(args)
     except (SpecError, TypeError) as exc:
         print(f"faultline run: {exc}", file=sys.stderr)
+        return 2
+    if spec.backend == "local" and os.geteuid() != 0:
+        print("faultline run: the local backend makes a network namespace per node, which needs root; "
+              "run it as root (for example with sudo)", file=sys.stderr)
         return 2
     status, _ = run_test(spec, show_progress=not args.no_progress)
     return status
