@@ -84,7 +84,13 @@ def check_paths(paths: list[str | Path], spark_master: str = "local[2]", model: 
             results = unknown(model_name, str(exc))
         except Exception as exc:  # noqa: BLE001 - a checker error is an unknown verdict, not a crash
             log.exception("checking %s failed", history)
-            results = unknown(model_name, f"the checker failed: {type(exc).__name__}: {exc}")
+            reason = f"the checker failed: {type(exc).__name__}: {exc}"
+            if "stopped SparkContext" in str(exc):
+                # Spark's JVM stops itself when its heap runs out, and says so only in its own log.
+                reason = ("the Spark JVM stopped during the analysis, most likely out of memory: give it "
+                          "more with FAULTLINE_SPARK_DRIVER_MEMORY (for example 12g) or use a Spark "
+                          "cluster (--spark-master). " + reason)
+            results = unknown(model_name, reason)
         if directory.is_dir():
             write_results(directory, results)
         out.append(Checked(directory, results))
