@@ -4,8 +4,9 @@ In: a SparkSession, the path of a history file, how many example witnesses
 to keep per type (`limit`), and optionally a folder for every witness.
 
 Out: an `Analysis`:
-- `counts`: anomaly type -> number of anomalies, only for types found
-  (`unseen` counts values: the sum of its per-key counts);
+- `counts`: anomaly type -> number of anomalies, only for types found: one
+  per witness (below), except `unseen`, which counts values (the sum of its
+  per-key witnesses' counts);
 - `examples`: type -> at most `limit` witnesses, ordered by the smallest op
   index in their `ops`, then key, then offset or value, then the witness
   text (deterministic);
@@ -21,9 +22,9 @@ Witnesses are data; `faultline.checker.explain` renders them. In every
 witness, `ops` are history indices of the *completion* lines of the
 operations that prove it (the invocation line for an operation the history
 ends before completing), and `process` is an integer. Fields per type:
-- lost-write: key, value, offset (acknowledged), send_op, read_op,
-  read_offset (the highest offset of key that read_op returned: the earliest
-  `ok` poll to pass `offset`), ops = [send_op, read_op];
+- lost-write: key, value, offset (acknowledged), send_op, read_op (the
+  earliest `ok` poll that returned an offset of key above `offset`),
+  read_offset (the lowest such offset read_op returned), ops = [send_op, read_op];
 - unseen (one witness per key): key, count, values, offsets, ops (the
   earliest few unseen sends of that key: values[i] at offsets[i] by ops[i]);
 - duplicate: key, value, offsets, ops (ops[i] is the first op showing value
@@ -31,14 +32,16 @@ ends before completing), and `process` is an integer. Fields per type:
 - inconsistent-offsets: key, offset, values, ops (ops[i] is the first op
   showing values[i] at offset);
 - unexpected (one per key and value): key, value, offset (where the first
-  poll returned it), offsets, reads (number of polls), ops (the first 16 polls);
+  poll returned it), offsets, reads (number of polls that returned it),
+  ops (the first 16 of them);
 - poll-skip: process, key, prev_offset (last offset of the earlier poll),
   next_offset (first of the later one), skipped (the first few offsets known
   to exist between them), skipped_count, ops = [earlier poll, later poll];
 - nonmonotonic-poll: process, key, prev_offset, next_offset, ops;
 - nonmonotonic-send: process, key, prev_offset, next_offset, prev_value,
   next_value, ops = [earlier send, later send];
-- uncommitted-read: key, offset, value, final_value (null: the final log
+- uncommitted-read (one per key, offset and value read): key, offset,
+  value, final_value (null: the final log
   holds nothing there), final_op (the final-chain poll that read the
   offset, null when none did), final_assign (the assign that began the
   final chain), ops = [the first poll that read value at offset, final_op

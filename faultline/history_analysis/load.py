@@ -36,14 +36,16 @@ its invocation's). The last line, when it has no trailing newline and is not
 valid JSON, is dropped with a note (the harness died while writing it).
 
 Known leniencies against the Python reader (Spark's JSON reader coerces):
-a number where a string is expected (`"key": 5`) is read as its text, and a
-process written as a string of digits (`"3"`) is read as process 3.
+a number where a string is expected (`"key": 5`) is read as its text, a
+process written as a string of digits (`"3"`) is read as process 3, and
+bytes that are not UTF-8 are read as U+FFFD instead of refused.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -217,7 +219,8 @@ def _load(spark: SparkSession, path: str) -> History:
             raise HistoryError(path, None, "no such file")
         if p.is_dir():
             raise HistoryError(path, None, "is a directory, not a history file")
-        spark_path = str(p.resolve())
+        # Spark reads a path as a glob pattern: escape a file name's own brackets, stars, ...
+        spark_path = re.sub(r"([\\\[\]{}*?])", r"\\\1", str(p.resolve()))
     else:
         spark_path = path
     try:
@@ -321,8 +324,9 @@ def _validate(spark: SparkSession, path: str, parsed: DataFrame, persisted: list
     paired = lines.filter("process IS NOT NULL").selectExpr(
         *LINE_COLUMNS,
         *[f"lag({col}) {chain} AS prev_{name}" for col, name in (
-            ("type", "type"), ("f", "f"), ("index", "index"), ("time", "time"), ("mops", "mops"),
-            ("keys", "keys"), ("seek_to_beginning", "seek"), ("rebalance_log", "rebalance_log"))],
+            ("type", "type"), ("f", "f"), ("index", "index"), ("time", "time"),
+            ("seek_to_beginning", "seek"))],
+        "CAST(NULL AS ARRAY<STRUCT<f: STRING, key: STRING, value: BIGINT, offset: BIGINT, records: ARRAY<STRUCT<key: STRING, offset: BIGINT, value: BIGINT>>>>) AS prev_mops", "CAST(NULL AS ARRAY<STRING>) AS prev_keys", "CAST(NULL AS ARRAY<STRUCT<keys: ARRAY<STRING>>>) AS prev_rebalance_log",
         f"lead(type) {chain} AS next_type",
         "CAST(sum(CASE WHEN type = 'invoke' AND f IN ('assign', 'subscribe') THEN 1 ELSE 0 END) OVER ("
         "PARTITION BY process ORDER BY line ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS BIGINT) AS epoch",

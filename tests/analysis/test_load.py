@@ -136,7 +136,8 @@ def test_bad_last_line_with_its_newline_is_an_error(spark, tmp_path):
 
 
 def test_last_line_without_newline_is_kept_when_whole(spark, tmp_path):
-    path = write(tmp_path / "history.jsonl", valid_lines(), end="")
+    # a file name Spark would otherwise take for a glob pattern
+    path = write(tmp_path / "run [1] *.jsonl", valid_lines(), end="")
     history = load_history(spark, str(path))
     try:
         assert history.notes == [] and history.lines == 12
@@ -159,7 +160,7 @@ def test_line_numbers_are_exact_across_many_file_splits(spark, tmp_path):
     lines[bad - 1] = {**lines[bad - 1], "index": 0}
     path = write(tmp_path / "history.jsonl", lines)
     previous = spark.conf.get("spark.sql.files.maxPartitionBytes")
-    spark.conf.set("spark.sql.files.maxPartitionBytes", "2048")  # about 25 splits
+    spark.conf.set("spark.sql.files.maxPartitionBytes", "8192")  # about 9 splits
     try:
         with pytest.raises(HistoryError) as err:
             load_history(spark, str(path))
@@ -168,7 +169,7 @@ def test_line_numbers_are_exact_across_many_file_splits(spark, tmp_path):
         write(path, lines)
         history = load_history(spark, str(path))
         try:
-            assert spark.read.text(str(path)).rdd.getNumPartitions() > 10
+            assert spark.read.text(str(path)).rdd.getNumPartitions() > 5
             assert history.ops.filter("index != line - 1").count() == 0
             assert history.lines == 600 and history.stats["ok"] == 300
         finally:
