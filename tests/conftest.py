@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from faultline.control.wait import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -19,21 +19,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def wait_until(predicate, timeout: float, message: str, interval: float = 0.05):
-    """Poll `predicate` until it returns a truthy value; fail with `message` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    last_exc = None
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except Exception as exc:  # the condition may raise while the system comes up
-            last_exc = exc
-        time.sleep(interval)
-    raise AssertionError(f"{message} (waited {timeout}s; last error: {last_exc!r})")
 
 
 class BrokerProcess:

@@ -8,14 +8,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from faultline.models.history import write_history
 from faultline.runner.cli import _spec_from_args, build_parser
-from tests.conftest import wait_until
+from faultline.control.wait import wait_until
 from tests.e2e.test_run import leftovers
 
 REPO = Path(__file__).resolve().parent.parent

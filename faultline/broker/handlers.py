@@ -13,6 +13,7 @@ kio's schemas and these handlers cover.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 import time
 from typing import Any, Awaitable, Callable
@@ -349,7 +350,5 @@ class Handlers:
         return {"throttle_time": 0, **me, "coordinators": [{"key": k, **me} for k in keys]}
 
 
-def _datetime_ms(ms: int):
-    import datetime
-
+def _datetime_ms(ms: int) -> datetime.datetime:
     return datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.timezone.utc)

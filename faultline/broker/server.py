@@ -22,6 +22,8 @@ import signal
 import struct
 import time
 
+from kio.schema.errors import ErrorCode
+
 from .codec import API_VERSIONS_KEY, ProtocolError, UnsupportedVersion, decode_request, encode_response
 from .config import BrokerConfig
 from .handlers import SUPPORTED, Handlers
@@ -124,8 +126,6 @@ class BrokerServer:
         except UnsupportedVersion as exc:
             if exc.api_key == API_VERSIONS_KEY:
                 # A client newer than this broker: answer v0 with the versions we have.
-                from kio.schema.errors import ErrorCode
-
                 body = self.handlers.api_versions_body(ErrorCode.unsupported_version)
                 return encode_response(API_VERSIONS_KEY, 0, exc.correlation_id, body)
             log.warning("closing %s: %s", peer, exc)

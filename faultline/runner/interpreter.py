@@ -111,7 +111,9 @@ class NemesisThread(threading.Thread):
         self.history.append({"process": "nemesis", "type": "invoke", **op})
         try:
             if heal:
-                value = {f: n.heal() for f, n in {type(n).__name__: n for n in self.nemeses.values()}.items()}
+                # One nemesis serves several fs: heal each once.
+                distinct = {id(n): n for n in self.nemeses.values()}.values()
+                value = {type(n).__name__: n.heal() for n in distinct}
             else:
                 value = self.nemeses[op["f"]].invoke(op)
             self.history.append({"process": "nemesis", "type": "info", **op, "value": value})

@@ -40,6 +40,19 @@ LISTEN = "127.0.0.1:9092"
 # --- helpers --------------------------------------------------------------------------------
 
 
+def spy_on_rebuild(monkeypatch) -> list[int]:
+    """Record the base offset of every segment whose index is rebuilt from its log."""
+    rebuilt: list[int] = []
+    real_rebuild = log_module.Segment.rebuild
+
+    def spy(self, check):
+        rebuilt.append(self.base_offset)
+        return real_rebuild(self, check)
+
+    monkeypatch.setattr(log_module.Segment, "rebuild", spy)
+    return rebuilt
+
+
 def make_config(data_dir: Path, settings: dict[str, object] | None = None) -> BrokerConfig:
     return load_config(1, LISTEN, data_dir, overrides=[f"{k}={v}" for k, v in (settings or {}).items()])
 
@@ -283,14 +296,7 @@ def test_reopening_loads_the_index_of_a_flushed_segment(tmp_path, monkeypatch):
     loaded_before = [(s.base_offset, list(s.index_offsets), list(s.index_positions)) for s in plog.segments]
     state.shutdown()
 
-    rebuilt = []
-    real_rebuild = log_module.Segment.rebuild
-
-    def spy(self, check):
-        rebuilt.append(self.base_offset)
-        return real_rebuild(self, check)
-
-    monkeypatch.setattr(log_module.Segment, "rebuild", spy)
+    rebuilt = spy_on_rebuild(monkeypatch)
     state, plog = reopen(tmp_path, settings)
     # Segments below the recovery point are trusted with their index; only the
     # active segment is scanned.
@@ -435,14 +441,7 @@ def test_corruption_above_the_recovery_point_is_cut_and_the_flushed_part_is_not_
     path, pos = locate(pdir(tmp_path), 10)
     flip(path, pos + HEADER_SIZE + 2)
 
-    rebuilt = []
-    real_rebuild = log_module.Segment.rebuild
-
-    def spy(self, check):
-        rebuilt.append(self.base_offset)
-        return real_rebuild(self, check)
-
-    monkeypatch.setattr(log_module.Segment, "rebuild", spy)
+    rebuilt = spy_on_rebuild(monkeypatch)
     state, plog = reopen(tmp_path, settings)
     assert rebuilt == [6, 9]  # the segments at or above the recovery point, up to the cut
     assert_log_is(plog, flushed + unflushed[:4])
@@ -566,7 +565,7 @@ def test_checkpoint_is_written_at_shutdown_and_read_at_start(tmp_path):
     data = tmp_path / "data"
     state = open_broker(data)
     a = state.create_topic("a", 2)
-    b = state.create_topic("b.x_y-z", 1)
+    state.create_topic("b.x_y-z", 1)
     lines, points = read_checkpoint(data)
     assert lines[:2] == ["0", "3"]
     assert points == {("a", 0): 0, ("a", 1): 0, ("b.x_y-z", 0): 0}
