@@ -1,7 +1,8 @@
 """One function per Kafka API: a decoded request in, a response dict out.
 
-In: a `codec.Request` and the broker (`BrokerState` plus the wake-up signal
-for long polls). Out: the response as a dict in the newest version's field
+In: a `codec.Request` and the broker (`BrokerState` for the logs and the
+`ReplicaManager` for who leads what, the ISR and the wake-up signal of long
+polls). Out: the response as a dict in the newest version's field
 names (codec fits it to the asked version), `None` when Kafka sends no
 response (acks=0), or an awaitable of either for requests that wait
 (Fetch long polls).
@@ -16,17 +17,20 @@ import asyncio
 import datetime
 import logging
 import time
+import uuid
 from typing import Any, Awaitable, Callable
 
 from kio.schema.errors import ErrorCode
 
 from .codec import Request
-from .state import BrokerError, BrokerState
+from .replica import ReplicaManager
+from .state import BrokerError, BrokerState, check_topic
 
 log = logging.getLogger("faultline.broker.handlers")
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
 FIND_COORDINATOR, API_VERSIONS, CREATE_TOPICS, INIT_PRODUCER_ID = 10, 18, 19, 22
+OFFSET_FOR_LEADER_EPOCH = 23
 
 SUPPORTED: dict[int, tuple[int, int]] = {
     PRODUCE: (3, 12),
@@ -37,38 +41,16 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     API_VERSIONS: (0, 4),
     CREATE_TOPICS: (2, 7),
     INIT_PRODUCER_ID: (0, 5),
+    OFFSET_FOR_LEADER_EPOCH: (2, 4),
 }
 
 EARLIEST, LATEST, MAX_TIMESTAMP = -2, -1, -3
 
 
-class AppendSignal:
-    """Wakes long-polling fetches when a partition's high watermark moves."""
-
-    def __init__(self) -> None:
-        self._waiters: set[asyncio.Future] = set()
-
-    def notify(self) -> None:
-        for fut in self._waiters:
-            if not fut.done():
-                fut.set_result(None)
-        self._waiters.clear()
-
-    async def wait(self, timeout: float) -> None:
-        fut = asyncio.get_running_loop().create_future()
-        self._waiters.add(fut)
-        try:
-            await asyncio.wait_for(fut, timeout)
-        except asyncio.TimeoutError:
-            pass
-        finally:
-            self._waiters.discard(fut)
-
-
 class Handlers:
-    def __init__(self, state: BrokerState):
+    def __init__(self, state: BrokerState, replicas: ReplicaManager):
         self.state = state
-        self.appended = AppendSignal()
+        self.replicas = replicas
         self.table: dict[int, Callable[[Request], Any]] = {
             PRODUCE: self.produce,
             FETCH: self.fetch,
@@ -78,6 +60,7 @@ class Handlers:
             API_VERSIONS: self.api_versions,
             CREATE_TOPICS: self.create_topics,
             INIT_PRODUCER_ID: self.init_producer_id,
+            OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
         }
 
     def handle(self, request: Request) -> dict | None | Awaitable[dict | None]:
@@ -99,49 +82,100 @@ class Handlers:
 
     # -- Metadata -----------------------------------------------------------------
 
-    def _broker_entry(self) -> dict:
-        host, port = self.state.config.advertised
-        return {"node_id": self.state.node_id, "host": host, "port": port, "rack": None}
+    def _brokers(self) -> list[dict]:
+        snap = self.replicas.snapshot
+        if snap is None:
+            host, port = self.state.config.advertised
+            return [{"node_id": self.state.node_id, "host": host, "port": port, "rack": None}]
+        return [{"node_id": b.id, "host": b.host, "port": b.port, "rack": None}
+                for b in sorted(snap.brokers.values(), key=lambda b: b.id)]
+
+    def _known_topics(self) -> set[str]:
+        if not self.replicas.replicated:
+            return set(self.state.topics)
+        snap = self.replicas.snapshot
+        return set(snap.topics) if snap is not None else set()
 
     def _topic_entry(self, name: str) -> dict:
-        topic = self.state.topics[name]
-        me = self.state.node_id
+        snap = self.replicas.snapshot
+        if not self.replicas.replicated:
+            topic = self.state.topics[name]
+            me = self.state.node_id
+            parts = [(i, me, p.leader_epoch, (me,), (me,), ()) for i, p in sorted(topic.partitions.items())]
+            topic_id = topic.topic_id
+        else:
+            info = snap.topics[name]
+            topic_id = info.topic_id
+            parts = []
+            for i, replicas in sorted(info.assignment.items()):
+                st = snap.states.get((name, i))
+                offline = tuple(b for b in replicas if b not in snap.brokers)
+                if st is None:
+                    parts.append((i, -1, -1, replicas, (), offline))
+                else:
+                    parts.append((i, st.leader, st.leader_epoch, replicas, st.isr, offline))
         return {
             "error_code": ErrorCode.none,
             "name": name,
-            "topic_id": topic.topic_id,
+            "topic_id": topic_id,
             "is_internal": False,
             "partitions": [
                 {
-                    "error_code": ErrorCode.none,
+                    "error_code": ErrorCode.none if leader >= 0 else ErrorCode.leader_not_available,
                     "partition_index": i,
-                    "leader_id": me,
-                    "leader_epoch": p.leader_epoch,
-                    "replica_nodes": (me,),
-                    "isr_nodes": (me,),
-                    "offline_replicas": (),
+                    "leader_id": leader,
+                    "leader_epoch": epoch,
+                    "replica_nodes": replicas,
+                    "isr_nodes": isr,
+                    "offline_replicas": offline,
                 }
-                for i, p in enumerate(topic.partitions)
+                for i, leader, epoch, replicas, isr, offline in parts
             ],
         }
 
-    def _auto_create(self, name: str) -> ErrorCode:
+    async def _create(self, name: str, partitions: int, replication_factor: int,
+                      auto: bool = False) -> uuid.UUID:
+        if replication_factor == -1:
+            replication_factor = self.state.config["default.replication.factor"]
+        if not self.replicas.replicated:
+            if replication_factor != 1:
+                raise BrokerError(
+                    ErrorCode.invalid_replication_factor,
+                    f"replication factor {replication_factor}: a standalone broker (no zookeeper.connect) "
+                    f"holds one replica, so 1",
+                )
+            topic = self.state.create_topic(name, partitions)
+            self.replicas.added_standalone(name)
+            return topic.topic_id
+        check_topic(name, partitions)
+        topic_id = await asyncio.to_thread(self.replicas.create_topic, name, partitions, replication_factor, auto)
+        # Answer once this broker's metadata shows the topic, so the client's next request finds it.
+        deadline = time.monotonic() + 5
+        while name not in self._known_topics() and time.monotonic() < deadline:
+            await self.replicas.changed.wait(0.2)
+        return uuid.UUID(topic_id)
+
+    async def _auto_create(self, name: str) -> ErrorCode:
         """Create a topic on first use if the broker allows it; the error otherwise."""
         if not self.state.config["auto.create.topics.enable"]:
             return ErrorCode.unknown_topic_or_partition
         try:
-            self.state.create_topic(name, self.state.config["num.partitions"])
+            await self._create(name, self.state.config["num.partitions"], -1, auto=True)
         except BrokerError as exc:
             return exc.code
         return ErrorCode.none
 
-    def metadata(self, request: Request) -> dict:
+    async def metadata(self, request: Request) -> dict:
         body = request.body
         wanted = body.topics
+        known = self._known_topics()
         if wanted is None or (request.version == 0 and not wanted):
-            names = sorted(self.state.topics)
+            names = sorted(known)
         else:
             by_id = {t.topic_id: t.name for t in self.state.topics.values()}
+            if self.replicas.snapshot is not None:
+                by_id.update({uuid.UUID(t.topic_id): n for n, t in self.replicas.snapshot.topics.items()
+                              if t.topic_id})
             names = [t.name if getattr(t, "name", None) is not None else by_id.get(getattr(t, "topic_id", None))
                      for t in wanted]
         allow_create = getattr(body, "allow_auto_topic_creation", True)
@@ -150,50 +184,57 @@ class Handlers:
             if name is None:
                 topics.append({"error_code": ErrorCode.unknown_topic_id, "name": None, "partitions": []})
                 continue
-            if name not in self.state.topics:
-                code = self._auto_create(name) if allow_create else ErrorCode.unknown_topic_or_partition
+            if name not in self._known_topics():
+                code = await self._auto_create(name) if allow_create else ErrorCode.unknown_topic_or_partition
                 if code != ErrorCode.none:
                     topics.append({"error_code": code, "name": name, "partitions": []})
                     continue
             topics.append(self._topic_entry(name))
+        snap = self.replicas.snapshot
+        if not self.replicas.replicated:
+            controller = self.state.node_id
+        else:
+            controller = snap.controller if snap is not None and snap.controller is not None else -1
         return {
             "throttle_time": 0,
-            "brokers": [self._broker_entry()],
+            "brokers": self._brokers(),
             "cluster_id": self.state.cluster_id,
-            "controller_id": self.state.node_id,
+            "controller_id": controller,
             "topics": topics,
         }
 
     # -- CreateTopics ---------------------------------------------------------------
 
-    def create_topics(self, request: Request) -> dict:
+    async def create_topics(self, request: Request) -> dict:
         results = []
         for t in request.body.topics:
             entry: dict[str, Any] = {"name": t.name, "error_message": None}
             try:
-                if t.replication_factor not in (-1, 1):
-                    raise BrokerError(
-                        ErrorCode.invalid_replication_factor,
-                        f"replication factor {t.replication_factor}: this broker runs one node, so 1",
-                    )
+                if self.replicas.replicated and self.replicas.controller_epoch is None:
+                    raise BrokerError(ErrorCode.not_controller, f"broker {self.state.node_id} is not the controller")
                 if t.configs:
                     raise BrokerError(
                         ErrorCode.invalid_config,
                         "per-topic configs are not supported: " + ", ".join(c.name for c in t.configs),
                     )
-                partitions = t.num_partitions
                 if t.assignments:
-                    partitions = len(t.assignments)
-                elif partitions == -1:
+                    raise BrokerError(ErrorCode.invalid_request,
+                                      "manual replica assignments are not supported: give a replication factor")
+                partitions = t.num_partitions
+                if partitions == -1:
                     partitions = self.state.config["num.partitions"]
+                rf = t.replication_factor
+                if rf == -1:
+                    rf = self.state.config["default.replication.factor"]
                 if request.body.validate_only:
-                    if t.name in self.state.topics:
+                    if t.name in self._known_topics():
                         raise BrokerError(ErrorCode.topic_already_exists, f"topic {t.name!r} already exists")
-                    entry.update(error_code=ErrorCode.none, num_partitions=partitions, replication_factor=1)
+                    check_topic(t.name, partitions)
+                    entry.update(error_code=ErrorCode.none, num_partitions=partitions, replication_factor=rf)
                 else:
-                    topic = self.state.create_topic(t.name, partitions)
-                    entry.update(error_code=ErrorCode.none, topic_id=topic.topic_id,
-                                 num_partitions=partitions, replication_factor=1, configs=[])
+                    topic_id = await self._create(t.name, partitions, rf)
+                    entry.update(error_code=ErrorCode.none, topic_id=topic_id,
+                                 num_partitions=partitions, replication_factor=rf, configs=[])
             except BrokerError as exc:
                 entry.update(error_code=exc.code, error_message=str(exc))
             results.append(entry)
@@ -201,11 +242,12 @@ class Handlers:
 
     # -- Produce -------------------------------------------------------------------
 
-    def produce(self, request: Request) -> dict | None:
+    async def produce(self, request: Request) -> dict | None:
         body = request.body
         acks = body.acks
+        deadline = time.monotonic() + max(body.timeout.total_seconds(), 0)
         responses = []
-        appended = False
+        waits = []
         for topic in body.topic_data:
             parts = []
             for pd in topic.partition_data:
@@ -214,20 +256,21 @@ class Handlers:
                 try:
                     if acks not in (-1, 0, 1):
                         raise BrokerError(ErrorCode.invalid_required_acks, f"acks={acks}: use -1 (all), 0 or 1")
-                    if topic.name not in self.state.topics:
-                        code = self._auto_create(topic.name)
+                    if topic.name not in self._known_topics():
+                        code = await self._auto_create(topic.name)
                         if code != ErrorCode.none:
                             raise BrokerError(code, f"topic {topic.name!r} does not exist")
-                    plog = self.state.partition(topic.name, pd.index)
-                    in_sync = 1
-                    if acks == -1 and in_sync < self.state.config["min.insync.replicas"]:
+                    replica = self.replicas.leader_replica(topic.name, pd.index)
+                    plog = replica.log
+                    min_isr = self.state.config["min.insync.replicas"]
+                    if acks == -1 and len(replica.isr) < min_isr:
                         raise BrokerError(
                             ErrorCode.not_enough_replicas,
-                            f"{in_sync} in-sync replica(s) < min.insync.replicas="
-                            f"{self.state.config['min.insync.replicas']}",
+                            f"ISR {list(replica.isr)} has {len(replica.isr)} member(s) < min.insync.replicas={min_isr}",
                         )
                     result = self.state.append(plog, pd.records)
-                    appended = appended or not result.duplicate
+                    if not result.duplicate:
+                        self.replicas.appended(replica)
                     entry.update(error_code=ErrorCode.none, base_offset=result.base_offset,
                                  log_start_offset=plog.log_start_offset)
                     if result.log_append_time >= 0:
@@ -235,20 +278,26 @@ class Handlers:
                     if result.duplicate:
                         log.info("duplicate batch for %s-%d answered with its offset %d",
                                  topic.name, pd.index, result.base_offset)
+                    if acks == -1:
+                        waits.append((entry, replica, result.last_offset + 1, replica.leader_epoch))
                 except BrokerError as exc:
                     entry.update(error_code=exc.code, error_message=str(exc))
                     log.info("produce to %s-%d refused: %s: %s", topic.name, pd.index, exc.code.name, exc)
                 parts.append(entry)
             responses.append({"name": topic.name, "partition_responses": parts})
-        if appended:
-            self.appended.notify()
+        for entry, replica, required, epoch in waits:
+            code = await self.replicas.wait_replicated(replica, required, epoch, deadline)
+            if code != ErrorCode.none:
+                entry.update(error_code=code, error_message=f"offsets below {required} of {replica.name}: "
+                             f"{code.name} (isr {list(replica.isr)}, high watermark {replica.log.high_watermark})")
+                log.info("acks=all produce to %s ended with %s", replica.name, code.name)
         if acks == 0:
             return None
         return {"responses": responses, "throttle_time": 0}
 
     # -- Fetch ----------------------------------------------------------------------
 
-    def _fetch_once(self, body, max_bytes_left: int) -> tuple[list[dict], int]:
+    def _fetch_once(self, body, max_bytes_left: int, replica_id: int) -> tuple[list[dict], int]:
         responses = []
         total = 0
         first = True
@@ -259,19 +308,23 @@ class Handlers:
                                          "last_stable_offset": -1, "log_start_offset": -1,
                                          "aborted_transactions": None, "records": b""}
                 try:
-                    plog = self.state.partition(topic.topic, p.partition)
+                    replica = self.replicas.leader_replica(topic.topic, p.partition,
+                                                           getattr(p, "current_leader_epoch", -1))
                 except BrokerError as exc:
                     entry["error_code"] = exc.code
                     parts.append(entry)
                     continue
+                plog = replica.log
                 hw = plog.high_watermark
                 entry.update(high_watermark=hw, last_stable_offset=hw, log_start_offset=plog.log_start_offset)
                 if not plog.log_start_offset <= p.fetch_offset <= plog.log_end_offset:
                     entry["error_code"] = ErrorCode.offset_out_of_range
                     parts.append(entry)
                     continue
+                # Followers read up to the log end (that is how the high watermark moves); consumers below it.
+                upper = plog.log_end_offset if replica_id >= 0 else hw
                 limit = max(0, min(p.partition_max_bytes, max_bytes_left - total))
-                data = plog.read(p.fetch_offset, limit, hw, min_one=first)
+                data = plog.read(p.fetch_offset, limit, upper, min_one=first)
                 if data:
                     first = False
                 total += len(data)
@@ -289,16 +342,27 @@ class Handlers:
             # No fetch sessions are kept, so any incremental fetch names an unknown one.
             error = ErrorCode.fetch_session_id_not_found
             return {"throttle_time": 0, "error_code": error, "session_id": 0, "responses": []}
+        replica_id = getattr(body, "replica_id", -1)
+        if replica_id >= 0:
+            for topic in body.topics:
+                for p in topic.partitions:
+                    try:
+                        replica = self.replicas.leader_replica(topic.topic, p.partition,
+                                                               getattr(p, "current_leader_epoch", -1))
+                        self.replicas.follower_fetched(replica, replica_id, p.fetch_offset)
+                    except BrokerError:
+                        pass  # answered per partition below
         while True:
-            responses, total = self._fetch_once(body, body.max_bytes)
+            responses, total = self._fetch_once(body, body.max_bytes, replica_id)
             remaining = deadline - time.monotonic()
             if total >= body.min_bytes or remaining <= 0:
                 return {"throttle_time": 0, "error_code": error, "session_id": 0, "responses": responses}
-            await self.appended.wait(remaining)
+            await self.replicas.changed.wait(remaining)
 
     # -- ListOffsets ------------------------------------------------------------------
 
     def list_offsets(self, request: Request) -> dict:
+        replica_id = request.body.replica_id
         topics = []
         for topic in request.body.topics:
             parts = []
@@ -306,13 +370,15 @@ class Handlers:
                 entry: dict[str, Any] = {"partition_index": p.partition_index, "timestamp": -1, "offset": -1,
                                          "leader_epoch": -1}
                 try:
-                    plog = self.state.partition(topic.name, p.partition_index)
+                    replica = self.replicas.leader_replica(topic.name, p.partition_index,
+                                                           getattr(p, "current_leader_epoch", -1))
+                    plog = replica.log
                     entry["error_code"] = ErrorCode.none
-                    entry["leader_epoch"] = plog.leader_epoch
+                    entry["leader_epoch"] = replica.leader_epoch
                     if p.timestamp == EARLIEST:
                         entry["offset"] = plog.log_start_offset
                     elif p.timestamp == LATEST:
-                        entry["offset"] = plog.high_watermark
+                        entry["offset"] = plog.log_end_offset if replica_id >= 0 else plog.high_watermark
                     elif p.timestamp == MAX_TIMESTAMP:
                         found = plog.max_timestamp()
                         if found:
@@ -327,6 +393,24 @@ class Handlers:
                     entry["error_code"] = exc.code
                 parts.append(entry)
             topics.append({"name": topic.name, "partitions": parts})
+        return {"throttle_time": 0, "topics": topics}
+
+    # -- OffsetForLeaderEpoch ----------------------------------------------------------
+
+    def offset_for_leader_epoch(self, request: Request) -> dict:
+        topics = []
+        for topic in request.body.topics:
+            parts = []
+            for p in topic.partitions:
+                entry: dict[str, Any] = {"partition": p.partition, "leader_epoch": -1, "end_offset": -1}
+                try:
+                    replica = self.replicas.leader_replica(topic.topic, p.partition, p.current_leader_epoch)
+                    epoch, end = replica.log.epochs.end_offset_for(p.leader_epoch, replica.log.log_end_offset)
+                    entry.update(error_code=ErrorCode.none, leader_epoch=epoch, end_offset=end)
+                except BrokerError as exc:
+                    entry["error_code"] = exc.code
+                parts.append(entry)
+            topics.append({"topic": topic.topic, "partitions": parts})
         return {"throttle_time": 0, "topics": topics}
 
     # -- InitProducerId and FindCoordinator -----------------------------------------------

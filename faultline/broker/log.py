@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from .epochs import LeaderEpochCache
 from .producer_state import ProducerStateTable
 from .records import HEADER_SIZE, MAGIC_V2, BatchHeader, CorruptBatch, check_batch, decode_records, iter_headers, read_header
 
@@ -220,8 +221,12 @@ class PartitionLog:
         self.unflushed_messages = 0
         self.first_unflushed_time: float | None = None
         self.leader_epoch = 0
+        # True while this log's replica set is itself alone (standalone, or an ISR of one):
+        # an append then moves the high watermark at once.
+        self.hw_follows_leo = True
         self._directory_dirty = not directory.exists()
         directory.mkdir(parents=True, exist_ok=True)
+        self.epochs = LeaderEpochCache(directory)
         self._open()
         self.high_watermark = self.log_end_offset
 
@@ -256,11 +261,28 @@ class PartitionLog:
                 log.warning("recovery: %s ends at offset %d but the next segment starts at %d",
                             seg.log_path, seg.next_offset, next_base)
         self.segments = [s for s in self.segments if s.log_path.exists()]
+        self._scan_state()
+        self.recovery_point = min(self.recovery_point, self.log_end_offset)
+
+    def _scan_state(self) -> None:
+        """Rebuild the producer table and the epoch cache from the batches on disk."""
+        stored = self.epochs.entries
+        self.producers = ProducerStateTable()
+        scanned: list[tuple[int, int]] = []
         for seg in self.segments:
             for _, header in seg.scan():
                 self.producers.record(header)
-                self.leader_epoch = max(self.leader_epoch, header.leader_epoch)
-        self.recovery_point = min(self.recovery_point, self.log_end_offset)
+                if header.leader_epoch >= 0 and (not scanned or header.leader_epoch > scanned[-1][0]):
+                    scanned.append((header.leader_epoch, header.base_offset))
+        # Epochs begun after the last batch (a leader that has not written yet) are known only
+        # from the checkpoint; anything starting beyond the log end came from a lost tail.
+        last = scanned[-1][0] if scanned else -1
+        end = self.log_end_offset
+        scanned += [(e, o) for e, o in stored if e > last and o <= end]
+        if scanned != stored:
+            self.epochs.entries = scanned
+            self.epochs.save()
+        self.leader_epoch = max(self.leader_epoch, self.epochs.latest_epoch, 0)
 
     # -- state -------------------------------------------------------------------
 
@@ -296,6 +318,26 @@ class PartitionLog:
             self.first_unflushed_time = time.monotonic()
         if self.unflushed_messages >= self.config["log.flush.interval.messages"]:
             self.flush()
+
+    def truncate_to(self, offset: int) -> int:
+        """Cut the log so that nothing at or above `offset` remains (whole batches:
+        a batch holding `offset` goes entirely). Returns the new log end offset."""
+        if offset >= self.log_end_offset:
+            return self.log_end_offset
+        while len(self.segments) > 1 and self.segments[-1].base_offset >= offset:
+            self.segments.pop().delete()
+            self._directory_dirty = True
+        seg = self.active
+        found = seg.position_of(offset)
+        if found is not None:
+            position, header = found
+            seg.truncate(position, header.base_offset)
+        self._scan_state()
+        self.epochs.truncate_from_end(self.log_end_offset + 1)
+        self.high_watermark = min(self.high_watermark, self.log_end_offset)
+        self.recovery_point = min(self.recovery_point, self.log_end_offset)
+        log.info("truncated %s to offset %d", self.directory.name, self.log_end_offset)
+        return self.log_end_offset
 
     def roll(self) -> Segment:
         old = self.active

@@ -27,6 +27,7 @@ from kio.schema.errors import ErrorCode
 from .codec import API_VERSIONS_KEY, ProtocolError, UnsupportedVersion, decode_request, encode_response
 from .config import BrokerConfig
 from .handlers import SUPPORTED, Handlers
+from .replica import ReplicaManager
 from .state import BrokerState
 
 log = logging.getLogger("faultline.broker.server")
@@ -46,10 +47,14 @@ class BrokerServer:
     async def start(self) -> None:
         started = time.monotonic()
         self.state = BrokerState(self.config)
-        self.handlers = Handlers(self.state)
+        self.replicas = ReplicaManager(self.config, self.state)
+        self.handlers = Handlers(self.state, self.replicas)
+        # Listen before joining the cluster: other brokers may fetch from this one as soon as
+        # its registration appears in ZooKeeper.
         self._server = await asyncio.start_server(
             self._accept, self.config.host, self.config.port, reuse_address=True, limit=1 << 20
         )
+        await self.replicas.start()
         log.info(
             "broker %d serving on %s:%d (data %s, %d topics recovered in %.0f ms, pid %d)",
             self.config.node_id, self.config.host, self.config.port, self.config.data_dir,
@@ -62,12 +67,14 @@ class BrokerServer:
     async def serve_until_stopped(self) -> None:
         flusher = asyncio.create_task(self._flusher())
         await self._stopping.wait()
+        await self.replicas.controlled_shutdown()
         log.info("shutting down: closing the listener and %d connections", len(self._connections))
         flusher.cancel()
         self._server.close()
         for task in list(self._connections):
             task.cancel()
         await asyncio.gather(*self._connections, return_exceptions=True)
+        await self.replicas.stop()
         self.state.shutdown()
         log.info("shut down cleanly: all partitions flushed, recovery checkpoint written")
 

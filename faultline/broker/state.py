@@ -10,6 +10,7 @@ demand and at shutdown.
 Files in the data directory, named as Kafka names them:
     meta.properties                     broker.id and cluster.id
     recovery-point-offset-checkpoint    per partition, the offset below which all is fsynced
+    replication-offset-checkpoint       per partition, the high watermark last known (replicated mode)
     producer-id-block                   the first producer id not yet reserved
     <topic>-<partition>/partition.metadata  the topic's id
 """
@@ -36,6 +37,7 @@ log = logging.getLogger("faultline.broker.state")
 
 TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 CHECKPOINT_FILE = "recovery-point-offset-checkpoint"
+HW_CHECKPOINT_FILE = "replication-offset-checkpoint"
 PRODUCER_ID_FILE = "producer-id-block"
 MAX_PARTITIONS_PER_TOPIC = 10_000
 
@@ -52,7 +54,7 @@ class BrokerError(Exception):
 class Topic:
     name: str
     topic_id: uuid.UUID
-    partitions: list[PartitionLog] = field(default_factory=list)
+    partitions: dict[int, PartitionLog] = field(default_factory=dict)
 
 
 @dataclass
@@ -61,6 +63,23 @@ class AppendResult:
     last_offset: int
     log_append_time: int
     duplicate: bool
+
+
+def check_topic(name: str, partitions: int) -> None:
+    """Refuse an illegal topic name or partition count, as Kafka does."""
+    if not TOPIC_NAME.match(name) or name in (".", ".."):
+        raise BrokerError(
+            ErrorCode.invalid_topic_exception,
+            f"topic name {name!r} is not legal: use 1 to 249 of a-z A-Z 0-9 . _ -",
+        )
+    if partitions < 1:
+        raise BrokerError(ErrorCode.invalid_partitions, f"{partitions} partitions: a topic has at least 1")
+    if partitions > MAX_PARTITIONS_PER_TOPIC:
+        # As Kafka's controller does: one request must not stall the broker for minutes.
+        raise BrokerError(
+            ErrorCode.policy_violation,
+            f"{partitions} partitions: at most {MAX_PARTITIONS_PER_TOPIC} can be created at once",
+        )
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -107,8 +126,8 @@ class BrokerState:
         _write_atomically(path, f"version=0\nbroker.id={self.node_id}\ncluster.id={cluster_id}\n")
         return cluster_id
 
-    def _read_checkpoint(self) -> dict[tuple[str, int], int]:
-        path = self.data_dir / CHECKPOINT_FILE
+    def _read_checkpoint(self, name: str = CHECKPOINT_FILE) -> dict[tuple[str, int], int]:
+        path = self.data_dir / name
         points: dict[tuple[str, int], int] = {}
         if not path.exists():
             return points
@@ -120,12 +139,17 @@ class BrokerState:
         return points
 
     def write_checkpoint(self) -> None:
-        rows = [
-            f"{t.name} {i} {p.recovery_point}"
-            for t in self.topics.values()
-            for i, p in enumerate(t.partitions)
-        ]
-        _write_atomically(self.data_dir / CHECKPOINT_FILE, "0\n%d\n%s" % (len(rows), "".join(r + "\n" for r in rows)))
+        self._write_offsets(CHECKPOINT_FILE, lambda p: p.recovery_point)
+
+    def write_hw_checkpoint(self) -> None:
+        self._write_offsets(HW_CHECKPOINT_FILE, lambda p: p.high_watermark)
+
+    def read_hw_checkpoint(self) -> dict[tuple[str, int], int]:
+        return self._read_checkpoint(HW_CHECKPOINT_FILE)
+
+    def _write_offsets(self, name: str, offset) -> None:
+        rows = [f"{t.name} {i} {offset(p)}" for t in self.topics.values() for i, p in sorted(t.partitions.items())]
+        _write_atomically(self.data_dir / name, "0\n%d\n%s" % (len(rows), "".join(r + "\n" for r in rows)))
 
     def _load_topics(self) -> None:
         points = self._read_checkpoint()
@@ -137,9 +161,10 @@ class BrokerState:
             if not sep or not index.isdigit() or not TOPIC_NAME.match(name):
                 continue
             found.setdefault(name, {})[int(index)] = entry
+        replicated = self.config["zookeeper.connect"] is not None
         for name, dirs in found.items():
             count = max(dirs) + 1
-            if sorted(dirs) != list(range(count)):
+            if sorted(dirs) != list(range(count)) and not replicated:
                 log.warning("topic %s has partition directories %s; creating the missing ones", name, sorted(dirs))
             topic_id = None
             for d in dirs.values():
@@ -149,10 +174,10 @@ class BrokerState:
                         if line.startswith("topic_id:"):
                             topic_id = uuid.UUID(line.split(":", 1)[1].strip())
             topic = Topic(name, topic_id or uuid.uuid4())
-            for i in range(count):
+            for i in (sorted(dirs) if replicated else range(count)):
                 started = time.monotonic()
                 plog = PartitionLog(self.data_dir / f"{name}-{i}", self.config, points.get((name, i), 0))
-                topic.partitions.append(plog)
+                topic.partitions[i] = plog
                 log.info("loaded %s-%d: offsets %d..%d, %d bytes, %d producers, in %.0f ms",
                          name, i, plog.log_start_offset, plog.log_end_offset, plog.size,
                          len(plog.producers.producers), (time.monotonic() - started) * 1000)
@@ -162,7 +187,7 @@ class BrokerState:
         path = self.data_dir / PRODUCER_ID_FILE
         stored = int(path.read_text().strip() or 0) if path.exists() else 0
         seen = max(
-            (p.producers.max_producer_id() for t in self.topics.values() for p in t.partitions),
+            (p.producers.max_producer_id() for t in self.topics.values() for p in t.partitions.values()),
             default=-1,
         )
         start = max(stored, seen + 1)
@@ -171,37 +196,41 @@ class BrokerState:
     # -- topics ----------------------------------------------------------------
 
     def create_topic(self, name: str, partitions: int) -> Topic:
-        if not TOPIC_NAME.match(name) or name in (".", ".."):
-            raise BrokerError(
-                ErrorCode.invalid_topic_exception,
-                f"topic name {name!r} is not legal: use 1 to 249 of a-z A-Z 0-9 . _ -",
-            )
+        check_topic(name, partitions)
         if name in self.topics:
             raise BrokerError(ErrorCode.topic_already_exists, f"topic {name!r} already exists")
-        if partitions < 1:
-            raise BrokerError(ErrorCode.invalid_partitions, f"{partitions} partitions: a topic has at least 1")
-        if partitions > MAX_PARTITIONS_PER_TOPIC:
-            # As Kafka's controller does: one request must not stall the broker for minutes.
-            raise BrokerError(
-                ErrorCode.policy_violation,
-                f"{partitions} partitions: at most {MAX_PARTITIONS_PER_TOPIC} can be created at once",
-            )
         topic = Topic(name, uuid.uuid4())
         for i in range(partitions):
-            directory = self.data_dir / f"{name}-{i}"
-            plog = PartitionLog(directory, self.config)
-            _write_atomically(directory / "partition.metadata", f"version: 0\ntopic_id: {topic.topic_id}\n")
-            topic.partitions.append(plog)
+            topic.partitions[i] = self._new_partition_log(topic, i)
         self.topics[name] = topic
         self.write_checkpoint()
         log.info("created topic %s with %d partitions (id %s)", name, partitions, topic.topic_id)
         return topic
 
+    def _new_partition_log(self, topic: Topic, index: int) -> PartitionLog:
+        directory = self.data_dir / f"{topic.name}-{index}"
+        plog = PartitionLog(directory, self.config)
+        _write_atomically(directory / "partition.metadata", f"version: 0\ntopic_id: {topic.topic_id}\n")
+        return plog
+
+    def ensure_replica(self, name: str, index: int, topic_id: uuid.UUID) -> PartitionLog:
+        """The local log of a partition this broker replicates, created empty if new."""
+        topic = self.topics.get(name)
+        if topic is None:
+            topic = self.topics[name] = Topic(name, topic_id)
+        plog = topic.partitions.get(index)
+        if plog is None:
+            plog = topic.partitions[index] = self._new_partition_log(topic, index)
+            self.write_checkpoint()
+            log.info("created the local replica of %s-%d", name, index)
+        return plog
+
     def partition(self, topic: str, index: int) -> PartitionLog:
         t = self.topics.get(topic)
-        if t is None or not 0 <= index < len(t.partitions):
+        plog = t.partitions.get(index) if t is not None else None
+        if plog is None:
             raise BrokerError(ErrorCode.unknown_topic_or_partition, f"{topic}-{index} does not exist here")
-        return t.partitions[index]
+        return plog
 
     # -- producer ids ------------------------------------------------------------
 
@@ -262,7 +291,8 @@ class BrokerState:
             set_log_append_time(batch, append_time)
         appended = BatchHeader._make((base,) + tuple(header[1:]))
         plog.append(batch, appended)
-        plog.high_watermark = plog.log_end_offset  # one replica: the leader is the whole ISR
+        if plog.hw_follows_leo:
+            plog.high_watermark = plog.log_end_offset  # one replica: the leader is the whole ISR
         return AppendResult(base, appended.last_offset, append_time, False)
 
     # -- flushing -----------------------------------------------------------------
@@ -271,7 +301,7 @@ class BrokerState:
         now = time.monotonic()
         flushed = 0
         for t in self.topics.values():
-            for p in t.partitions:
+            for p in t.partitions.values():
                 if p.flush_due(now):
                     p.flush()
                     flushed += 1
@@ -281,7 +311,9 @@ class BrokerState:
 
     def shutdown(self) -> None:
         for t in self.topics.values():
-            for p in t.partitions:
+            for p in t.partitions.values():
                 p.flush()
                 p.close()
         self.write_checkpoint()
+        if self.config["zookeeper.connect"] is not None:
+            self.write_hw_checkpoint()

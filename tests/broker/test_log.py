@@ -64,7 +64,7 @@ def open_broker(data_dir: Path, settings: dict[str, object] | None = None) -> Br
 def crash(state: BrokerState) -> None:
     """What a SIGKILL leaves: file descriptors closed, no flush, no checkpoint."""
     for topic in state.topics.values():
-        for plog in topic.partitions:
+        for plog in topic.partitions.values():
             plog.close()
 
 
