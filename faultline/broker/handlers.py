@@ -159,6 +159,9 @@ class Handlers:
         """Create a topic on first use if the broker allows it; the error otherwise."""
         if not self.state.config["auto.create.topics.enable"]:
             return ErrorCode.unknown_topic_or_partition
+        if self.replicas.replicated and self.replicas.snapshot is None:
+            # Still joining the cluster: the topic may well exist; the client retries.
+            return ErrorCode.leader_not_available
         try:
             await self._create(name, self.state.config["num.partitions"], -1, auto=True)
         except BrokerError as exc:

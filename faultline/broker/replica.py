@@ -148,6 +148,7 @@ class ReplicaManager:
         self.zk = ZkStore(self.config["zookeeper.connect"], self.config["zookeeper.session.timeout.ms"],
                           self._wake.set)
         await asyncio.to_thread(self.zk.start)
+        self.state.adopt_cluster_id(await asyncio.to_thread(self.zk.cluster_id, self.state.cluster_id))
         host, port = self.config.advertised
         self.registration_czxid = await asyncio.to_thread(self.zk.register, self.me, host, port, self._stop)
         self._thread = threading.Thread(target=self._zk_worker, name="zookeeper", daemon=True)

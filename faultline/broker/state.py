@@ -126,6 +126,20 @@ class BrokerState:
         _write_atomically(path, f"version=0\nbroker.id={self.node_id}\ncluster.id={cluster_id}\n")
         return cluster_id
 
+    def adopt_cluster_id(self, cluster_id: str) -> None:
+        """Take the cluster's id from ZooKeeper; a data directory of another cluster is refused."""
+        if cluster_id == self.cluster_id:
+            return
+        if self.topics:
+            raise SystemExit(
+                f"{self.data_dir / 'meta.properties'} belongs to cluster {self.cluster_id}, but ZooKeeper "
+                f"holds cluster {cluster_id}: this data directory is from another cluster. Give an empty "
+                f"--data-dir, or point zookeeper.connect at that cluster's ZooKeeper"
+            )
+        self.cluster_id = cluster_id
+        _write_atomically(self.data_dir / "meta.properties",
+                          f"version=0\nbroker.id={self.node_id}\ncluster.id={cluster_id}\n")
+
     def _read_checkpoint(self, name: str = CHECKPOINT_FILE) -> dict[tuple[str, int], int]:
         path = self.data_dir / name
         points: dict[tuple[str, int], int] = {}

@@ -26,6 +26,7 @@ import json
 import logging
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -103,7 +104,10 @@ class ZkStore:
 
     def start(self, timeout: float = 30) -> None:
         try:
-            self.zk.start(timeout=timeout)
+            with warnings.catch_warnings():
+                # kazoo warns that the chroot does not exist yet; it is created below, as Kafka does.
+                warnings.simplefilter("ignore")
+                self.zk.start(timeout=timeout)
         except Exception as exc:  # kazoo raises a bare timeout
             raise RuntimeError(
                 f"cannot reach ZooKeeper at zookeeper.connect={self.connect} within {timeout:.0f} s "
@@ -117,6 +121,15 @@ class ZkStore:
             self.zk.chroot = chroot
         for path in (BROKERS, TOPICS, SHUTDOWN):
             self.zk.ensure_path(path)
+
+    def cluster_id(self, proposal: str) -> str:
+        """The id in /cluster/id, created from `proposal` by the first broker."""
+        try:
+            self.zk.create("/cluster/id", json.dumps({"version": "1", "id": proposal}).encode(), makepath=True)
+        except NodeExistsError:
+            pass
+        raw, _ = self.zk.get("/cluster/id")
+        return json.loads(raw)["id"]
 
     def _state_listener(self, state: str) -> None:
         if state == KazooState.LOST:
