@@ -8,12 +8,17 @@ test wants (duplicates, gaps, malformed frames) and to read exact answers.
 
 from __future__ import annotations
 
+import datetime
 import io
 import socket
 import struct
 
 from kio.index import load_response_schema
+from kio.schema.fetch.v12 import request as fetch_req
+from kio.schema.produce.v9 import request as pr_req
 from kio.serial import entity_reader, entity_writer
+
+from faultline.broker.records import decode_records, iter_headers
 
 
 class WireClient:
@@ -79,3 +84,35 @@ class WireClient:
     def request(self, payload):
         correlation_id = self.send(payload)
         return self.receive(payload.__api_key__, payload.__version__, correlation_id)
+
+
+# -- request helpers -------------------------------------------------------------------
+
+
+def produce_req(topic: str, partition: int, batch: bytes, acks: int = -1):
+    return pr_req.ProduceRequest(
+        acks=acks, timeout=datetime.timedelta(seconds=5),
+        topic_data=(pr_req.TopicProduceData(name=topic, partition_data=(
+            pr_req.PartitionProduceData(index=partition, records=batch),)),),
+    )
+
+
+def fetch(client: WireClient, topic: str, offset: int, max_wait_ms=0, min_bytes=0, max_bytes=1 << 20, partition=0):
+    req = fetch_req.FetchRequest(
+        max_wait=datetime.timedelta(milliseconds=max_wait_ms), min_bytes=min_bytes, max_bytes=max_bytes,
+        topics=(fetch_req.FetchTopic(topic=topic, partitions=(
+            fetch_req.FetchPartition(partition=partition, fetch_offset=offset, partition_max_bytes=max_bytes),)),),
+        forgotten_topics_data=(),
+    )
+    return client.request(req).responses[0].partitions[0]
+
+
+def part_response(resp):
+    return resp.responses[0].partition_responses[0]
+
+
+def values(records: bytes) -> list[bytes]:
+    out = []
+    for pos, _ in iter_headers(records):
+        out += [r.value for r in decode_records(records, pos)]
+    return out

@@ -66,7 +66,7 @@ def _decide_partition(snap: Snapshot, assignment: tuple[int, ...], state: Partit
     leaving = snap.shutting_down
     isr_kept = tuple(b for b in state.isr if fresh(b) and b not in leaving)
     leader = state.leader
-    leader_ok = leader != NO_LEADER and fresh(leader)
+    leader_ok = leader != NO_LEADER and fresh(leader) and leader in state.isr
     if leader_ok and leader in leaving:
         # Controlled shutdown: hand over only if another in-sync replica can lead.
         leader_ok = not any(b != leader for b in isr_kept)

@@ -251,7 +251,7 @@ class ReplicaManager:
         snap = self.snapshot
         if snap is None or (not auto and (snap.controller != self.me or self.controller_epoch is None)):
             raise BrokerError(ErrorCode.not_controller, f"broker {self.me} is not the controller")
-        live = sorted(snap.brokers)
+        live = self.zk.live_brokers()  # fresh: the last snapshot may predate a broker's arrival
         if replication_factor > len(live):
             raise BrokerError(ErrorCode.invalid_replication_factor,
                               f"replication factor {replication_factor} is larger than the {len(live)} "

@@ -258,6 +258,9 @@ class ZkStore:
                 snap.states[(name, p)] = PartitionState.parse(raw, stat.version, stat.mzxid)
         return snap
 
+    def live_brokers(self) -> list[int]:
+        return sorted(int(c) for c in self.zk.get_children(BROKERS))
+
     # -- writing ------------------------------------------------------------------------
 
     def create_topic(self, name: str, topic_id: str, assignment: dict[int, tuple[int, ...]],

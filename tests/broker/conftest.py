@@ -22,3 +22,29 @@ def _close_leftover_files(tmp_path):
                 os.close(int(fd))
         except OSError:
             pass
+
+
+@pytest.fixture(scope="session")
+def zookeeper(tmp_path_factory):
+    """A ZooKeeper for the whole session; each cluster uses its own chroot."""
+    from tests.broker.zookeeper_server import LocalZooKeeper
+
+    zk = LocalZooKeeper(tmp_path_factory.mktemp("zookeeper")).start()
+    yield zk.connect
+    zk.stop()
+
+
+@pytest.fixture
+def cluster_factory(tmp_path, zookeeper):
+    from tests.broker.cluster import Cluster
+
+    made = []
+
+    def make(nodes: int = 3, settings: dict | None = None, start: bool = True) -> Cluster:
+        c = Cluster(tmp_path / f"cluster{len(made)}", zookeeper, nodes, settings)
+        made.append(c)
+        return c.start() if start else c
+
+    yield make
+    for c in made:
+        c.close()

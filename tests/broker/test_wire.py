@@ -7,43 +7,12 @@ import threading
 import time
 
 from kio.schema.errors import ErrorCode
-from kio.schema.fetch.v12 import request as fetch_req
 from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
 from kio.schema.list_offsets.v7 import request as lo_req
 from kio.schema.metadata.v12 import request as md_req
-from kio.schema.produce.v9 import request as pr_req
 
-from faultline.broker.records import decode_records, encode_batch, iter_headers
-from tests.wire import WireClient
-
-
-def produce_req(topic: str, partition: int, batch: bytes, acks: int = -1):
-    return pr_req.ProduceRequest(
-        acks=acks, timeout=datetime.timedelta(seconds=5),
-        topic_data=(pr_req.TopicProduceData(name=topic, partition_data=(
-            pr_req.PartitionProduceData(index=partition, records=batch),)),),
-    )
-
-
-def fetch(client: WireClient, topic: str, offset: int, max_wait_ms=0, min_bytes=0, max_bytes=1 << 20):
-    req = fetch_req.FetchRequest(
-        max_wait=datetime.timedelta(milliseconds=max_wait_ms), min_bytes=min_bytes, max_bytes=max_bytes,
-        topics=(fetch_req.FetchTopic(topic=topic, partitions=(
-            fetch_req.FetchPartition(partition=0, fetch_offset=offset, partition_max_bytes=max_bytes),)),),
-        forgotten_topics_data=(),
-    )
-    return client.request(req).responses[0].partitions[0]
-
-
-def part_response(resp):
-    return resp.responses[0].partition_responses[0]
-
-
-def values(records: bytes) -> list[bytes]:
-    out = []
-    for pos, _ in iter_headers(records):
-        out += [r.value for r in decode_records(records, pos)]
-    return out
+from faultline.broker.records import encode_batch
+from tests.wire import WireClient, fetch, part_response, produce_req, values
 
 
 def test_retried_idempotent_batch_is_acknowledged_with_its_first_offset(broker):

@@ -1,0 +1,127 @@
+"""A replicated reference-broker cluster on localhost for tests: one real
+ZooKeeper and N `faultline broker` processes, with helpers to read the
+partition state the controller keeps in ZooKeeper and to kill, pause and
+restart brokers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import uuid
+from pathlib import Path
+
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from kazoo.client import KazooClient
+
+from faultline.control.wait import wait_until
+from tests.conftest import BrokerProcess
+
+
+class Cluster:
+    def __init__(self, root: Path, zk_connect: str, nodes: int = 3, settings: dict | None = None):
+        root.mkdir(parents=True, exist_ok=True)
+        self.chroot = f"/t{uuid.uuid4().hex[:10]}"
+        self.zk_connect = zk_connect + self.chroot
+        base = {"zookeeper.connect": self.zk_connect, "zookeeper.session.timeout.ms": 3000,
+                "replica.lag.time.max.ms": 3000, "replica.fetch.backoff.ms": 200}
+        base.update(settings or {})
+        self.brokers = {i: BrokerProcess(root / f"b{i}", base, node_id=i) for i in range(1, nodes + 1)}
+        self.zk = KazooClient(hosts=self.zk_connect)
+        self.zk.start(10)
+
+    def start(self, *ids: int) -> "Cluster":
+        for i in ids or self.brokers:
+            self.brokers[i].start()
+        self.wait_registered(*(ids or self.brokers))
+        return self
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(b.bootstrap for b in self.brokers.values())
+
+    def close(self) -> None:
+        for b in self.brokers.values():
+            if b.alive():
+                try:
+                    os.kill(b.proc.pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+            b.kill()
+        self.zk.stop()
+        self.zk.close()
+
+    # -- what ZooKeeper says ------------------------------------------------------------
+
+    def registered(self) -> set[int]:
+        return {int(c) for c in self.zk.get_children("/brokers/ids")} if self.zk.exists("/brokers/ids") else set()
+
+    def wait_registered(self, *ids: int, timeout: float = 30) -> None:
+        wait_until(lambda: set(ids) <= self.registered(), timeout,
+                   f"brokers {sorted(ids)} did not register in ZooKeeper {self.zk_connect}")
+
+    def controller(self) -> int | None:
+        if not self.zk.exists("/controller"):
+            return None
+        return json.loads(self.zk.get("/controller")[0])["brokerid"]
+
+    def state(self, topic: str, partition: int) -> dict:
+        return json.loads(self.zk.get(f"/brokers/topics/{topic}/partitions/{partition}/state")[0])
+
+    def assignment(self, topic: str) -> dict[int, list[int]]:
+        raw = json.loads(self.zk.get(f"/brokers/topics/{topic}")[0])
+        return {int(p): r for p, r in raw["partitions"].items()}
+
+    def wait_state(self, topic: str, partition: int, predicate, what: str, timeout: float = 30) -> dict:
+        found = {}
+
+        def ok() -> bool:
+            found.update(self.state(topic, partition))
+            return predicate(found)
+
+        wait_until(ok, timeout, lambda: f"{topic}-{partition} never reached {what}; last state {found}")
+        return found
+
+    # -- clients -------------------------------------------------------------------------
+
+    def create_topic(self, name: str, partitions: int, replication_factor: int) -> None:
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        for fut in admin.create_topics([NewTopic(name, partitions, replication_factor)],
+                                       operation_timeout=10).values():
+            fut.result(20)
+        for p in range(partitions):
+            self.wait_state(name, p, lambda s: s["leader"] >= 0 and len(s["isr"]) == replication_factor,
+                            "a leader and a full ISR")
+
+    def producer(self, **conf) -> Producer:
+        base = {"bootstrap.servers": self.bootstrap, "acks": "all", "enable.idempotence": True,
+                "linger.ms": 2, "message.timeout.ms": 30000}
+        base.update(conf)
+        return Producer(base)
+
+    # -- faults --------------------------------------------------------------------------
+
+    def kill(self, i: int) -> None:
+        self.brokers[i].kill()
+
+    def pause(self, i: int) -> None:
+        os.kill(self.brokers[i].proc.pid, signal.SIGSTOP)
+
+    def resume(self, i: int) -> None:
+        os.kill(self.brokers[i].proc.pid, signal.SIGCONT)
+
+
+def produce(producer: Producer, topic: str, partition: int, values: list[str]) -> list[tuple]:
+    """Send values and wait; returns [(value, offset or None, error name or None)] in send order."""
+    results: dict[str, tuple] = {}
+
+    def done(err, msg):
+        v = msg.value().decode()
+        results[v] = (v, None if err else msg.offset(), err.name() if err else None)
+
+    for v in values:
+        producer.produce(topic, v.encode(), partition=partition, on_delivery=done)
+    producer.flush(60)
+    return [results[v] for v in values]

@@ -1,0 +1,202 @@
+"""Replication as Kafka documents it, on a real cluster: a real ZooKeeper and three
+`faultline broker` processes on localhost, driven by confluent-kafka and raw requests."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka.admin import AdminClient
+from kio.schema.errors import ErrorCode
+from kio.schema.list_offsets.v7 import request as lo_req
+
+from faultline.broker.records import encode_batch
+from faultline.control.wait import wait_until
+from tests.broker.cluster import produce
+from tests.wire import WireClient, fetch, part_response, produce_req, values
+
+
+def wire(cluster, broker: int) -> WireClient:
+    return WireClient("127.0.0.1", cluster.brokers[broker].port)
+
+
+def segment_bytes(cluster, broker: int, topic: str, partition: int) -> bytes:
+    directory = cluster.brokers[broker].data_dir / f"{topic}-{partition}"
+    return b"".join(p.read_bytes() for p in sorted(directory.glob("*.log")))
+
+
+def followers(cluster, topic: str, partition: int) -> list[int]:
+    leader = cluster.state(topic, partition)["leader"]
+    return [b for b in cluster.assignment(topic)[partition] if b != leader]
+
+
+def test_replicas_hold_byte_identical_logs_and_metadata_names_leaders_and_isr(cluster_factory):
+    cluster = cluster_factory()
+    cluster.create_topic("r", 3, 3)
+    producer = cluster.producer()
+    sent = {p: [f"{p}-{i}" for i in range(500)] for p in range(3)}
+    for p, vals in sent.items():
+        results = produce(producer, "r", p, vals)
+        assert [r[1] for r in results] == list(range(500)), "acks=all: every value acknowledged in order"
+    md = AdminClient({"bootstrap.servers": cluster.bootstrap}).list_topics("r", timeout=10)
+    for p in range(3):
+        state = cluster.state("r", p)
+        meta = md.topics["r"].partitions[p]
+        assert meta.leader == state["leader"] and sorted(meta.isrs) == sorted(state["isr"]) == [1, 2, 3]
+        assert meta.replicas == cluster.assignment("r")[p]
+        # Every replica holds the same bytes: followers copy the leader's batches unchanged.
+        wait_until(lambda: len({segment_bytes(cluster, b, "r", p) for b in (1, 2, 3)}) == 1, 10,
+                   f"the replicas of r-{p} differ")
+    leaders = sorted(cluster.state("r", p)["leader"] for p in range(3))
+    assert leaders == [1, 2, 3], "preferred leaders spread over the brokers"
+
+
+def test_a_broker_that_does_not_lead_answers_not_leader_or_follower(cluster_factory):
+    cluster = cluster_factory()
+    cluster.create_topic("n", 1, 3)
+    follower = followers(cluster, "n", 0)[0]
+    with wire(cluster, follower) as client:
+        resp = part_response(client.request(produce_req("n", 0, encode_batch([(None, b"x")]))))
+        assert resp.error_code == ErrorCode.not_leader_or_follower
+        assert fetch(client, "n", 0).error_code == ErrorCode.not_leader_or_follower
+
+
+def test_isr_shrinks_when_a_follower_stalls_and_expands_when_it_catches_up(cluster_factory):
+    # Sessions outlive the pause, so it is the leader, not the controller, that acts.
+    cluster = cluster_factory(settings={"zookeeper.session.timeout.ms": 15000, "replica.lag.time.max.ms": 1500,
+                                        "min.insync.replicas": 2})
+    cluster.create_topic("i", 1, 3)
+    stalled, other = followers(cluster, "i", 0)
+    producer = cluster.producer()
+    cluster.pause(stalled)
+    try:
+        cluster.wait_state("i", 0, lambda s: stalled not in s["isr"], f"broker {stalled} out of the ISR")
+        # Two in sync still meets min.insync.replicas=2.
+        assert all(r[2] is None for r in produce(producer, "i", 0, ["a", "b"]))
+    finally:
+        cluster.resume(stalled)
+    state = cluster.wait_state("i", 0, lambda s: len(s["isr"]) == 3, "the full ISR again")
+    assert stalled in state["isr"]
+    leader_log = cluster.brokers[state["leader"]].log_text()
+    assert "ISR shrank" in leader_log and "ISR expanded" in leader_log
+
+
+def test_acks_all_is_refused_below_min_insync_and_fails_after_append_when_the_isr_shrinks(cluster_factory):
+    cluster = cluster_factory(settings={"zookeeper.session.timeout.ms": 20000, "replica.lag.time.max.ms": 1500,
+                                        "min.insync.replicas": 2})
+    cluster.create_topic("m", 1, 3)
+    leader = cluster.state("m", 0)["leader"]
+    stalled = followers(cluster, "m", 0)
+    for b in stalled:
+        cluster.pause(b)
+    try:
+        with wire(cluster, leader) as client:
+            # Sent at once: appended, then the ISR shrinks to the leader alone while it waits.
+            req = produce_req("m", 0, encode_batch([(None, b"waits")]))
+            resp = part_response(client.request(req))
+            assert resp.error_code in (ErrorCode.not_enough_replicas_after_append, ErrorCode.request_timed_out)
+            cluster.wait_state("m", 0, lambda s: s["isr"] == [leader], "an ISR of the leader alone")
+            resp = part_response(client.request(produce_req("m", 0, encode_batch([(None, b"refused")]))))
+            assert resp.error_code == ErrorCode.not_enough_replicas
+            # acks=1 still succeeds: the leader alone answers.
+            assert part_response(client.request(produce_req("m", 0, encode_batch([(None, b"one")]), acks=1))).error_code == ErrorCode.none
+    finally:
+        for b in stalled:
+            cluster.resume(b)
+
+
+def test_consumers_read_only_below_the_high_watermark(cluster_factory):
+    cluster = cluster_factory(settings={"zookeeper.session.timeout.ms": 20000, "replica.lag.time.max.ms": 60000})
+    cluster.create_topic("h", 1, 3)
+    leader = cluster.state("h", 0)["leader"]
+    with wire(cluster, leader) as client:
+        assert part_response(client.request(produce_req("h", 0, encode_batch([(None, b"committed")])))).error_code == ErrorCode.none
+        stalled = followers(cluster, "h", 0)
+        for b in stalled:
+            cluster.pause(b)
+        try:
+            resp = part_response(client.request(produce_req("h", 0, encode_batch([(None, b"above")]), acks=1)))
+            assert resp.error_code == ErrorCode.none and resp.base_offset == 1
+            got = fetch(client, "h", 0)
+            assert got.high_watermark == 1, "the followers have not fetched offset 1"
+            assert values(got.records) == [b"committed"], "nothing at or above the high watermark is served"
+            latest = client.request(lo_req.ListOffsetsRequest(replica_id=-1, isolation_level=0, topics=(
+                lo_req.ListOffsetsTopic(name="h", partitions=(
+                    lo_req.ListOffsetsPartition(partition_index=0, timestamp=-1, current_leader_epoch=-1),)),)))
+            assert latest.topics[0].partitions[0].offset == 1
+        finally:
+            for b in stalled:
+                cluster.resume(b)
+        wait_until(lambda: fetch(client, "h", 0).high_watermark == 2, 10, "the high watermark did not reach 2")
+        assert values(fetch(client, "h", 0).records) == [b"committed", b"above"]
+
+
+def test_a_killed_leader_is_replaced_from_the_isr_and_rejoins_as_a_follower(cluster_factory):
+    cluster = cluster_factory()
+    cluster.create_topic("f", 1, 3)
+    producer = cluster.producer()
+    first = produce(producer, "f", 0, [f"a{i}" for i in range(200)])
+    old = cluster.state("f", 0)
+    cluster.kill(old["leader"])
+    new = cluster.wait_state("f", 0, lambda s: s["leader"] not in (-1, old["leader"]), "a new leader")
+    assert new["leader_epoch"] > old["leader_epoch"] and old["leader"] not in new["isr"]
+    second = produce(producer, "f", 0, [f"b{i}" for i in range(200)])
+    assert all(r[2] is None for r in first + second)
+    cluster.brokers[old["leader"]].start()
+    cluster.wait_state("f", 0, lambda s: len(s["isr"]) == 3, "the restarted broker back in the ISR")
+    wait_until(lambda: len({segment_bytes(cluster, b, "f", 0) for b in (1, 2, 3)}) == 1, 15,
+               "the restarted replica did not converge to the leader's log")
+    with wire(cluster, new["leader"]) as client:
+        got = []
+        offset = 0
+        while offset < 400:
+            batch = values(fetch(client, "f", offset).records)
+            got += batch
+            offset += len(batch)
+        assert [v.decode() for v in got] == [r[0] for r in first + second]
+
+
+def test_controlled_shutdown_moves_leadership_before_the_broker_stops(cluster_factory):
+    cluster = cluster_factory()
+    cluster.create_topic("c", 3, 3)
+    led = [p for p in range(3) if cluster.state("c", p)["leader"] == 1]
+    assert led, "broker 1 leads a partition"
+    assert cluster.brokers[1].stop() == 0
+    for p in led:
+        state = cluster.state("c", p)
+        assert state["leader"] in (2, 3) and 1 not in state["isr"]
+    assert "controlled shutdown" in cluster.brokers[1].log_text()
+
+
+@pytest.mark.parametrize("unclean", [False, True])
+def test_unclean_election_trades_acknowledged_writes_for_availability(cluster_factory, unclean):
+    cluster = cluster_factory(settings={"unclean.leader.election.enable": str(unclean).lower(),
+                                        "min.insync.replicas": 1})
+    cluster.create_topic("u", 1, 3)
+    leader = cluster.state("u", 0)["leader"]
+    stale, survivor = followers(cluster, "u", 0)
+    producer = cluster.producer(**{"message.timeout.ms": 8000})
+    assert all(r[2] is None for r in produce(producer, "u", 0, ["old"]))
+    cluster.kill(stale)
+    cluster.wait_state("u", 0, lambda s: stale not in s["isr"], f"broker {stale} out of the ISR")
+    acked = produce(producer, "u", 0, [f"v{i}" for i in range(50)])
+    assert all(r[2] is None for r in acked), "acks=all with min.insync.replicas=1"
+    cluster.kill(leader)
+    cluster.kill(survivor)
+    cluster.brokers[stale].start()
+    if unclean:
+        state = cluster.wait_state("u", 0, lambda s: s["leader"] == stale, f"broker {stale} elected uncleanly")
+        with wire(cluster, stale) as client:
+            wait_until(lambda: fetch(client, "u", 0).error_code == ErrorCode.none, 10, "the new leader serves")
+            assert values(fetch(client, "u", 0).records) == [b"old"], "the acknowledged writes are gone"
+        assert "UNCLEAN" in "".join(b.log_text() for b in cluster.brokers.values())
+    else:
+        cluster.wait_state("u", 0, lambda s: s["leader"] == -1, "the partition offline")
+        lost = produce(producer, "u", 0, ["refused"])
+        assert lost[0][2] is not None, "an offline partition takes no writes"
+        # Through the whole 8 s the producer retried, the out-of-sync replica was never elected.
+        state = cluster.state("u", 0)
+        assert state["leader"] == -1 and stale not in state["isr"]
+        cluster.brokers[survivor].start()
+        cluster.wait_state("u", 0, lambda s: s["leader"] == survivor, f"in-sync broker {survivor} elected")
+        with wire(cluster, survivor) as client:
+            wait_until(lambda: fetch(client, "u", 0).error_code == ErrorCode.none, 10, "the leader serves")
+            assert values(fetch(client, "u", 0).records)[:51] == [b"old"] + [f"v{i}".encode() for i in range(50)]
