@@ -418,11 +418,16 @@ class Handlers:
 
     # -- InitProducerId and FindCoordinator -----------------------------------------------
 
-    def init_producer_id(self, request: Request) -> dict:
+    async def init_producer_id(self, request: Request) -> dict:
         if request.body.transactional_id is not None:
             return {"throttle_time": 0, "error_code": ErrorCode.coordinator_not_available,
                     "producer_id": -1, "producer_epoch": -1}
-        pid = self.state.allocate_producer_id()
+        if self.replicas.replicated:
+            zk = self.replicas.zk
+            pid = await asyncio.to_thread(self.state.allocate_producer_id,
+                                          lambda size: zk.producer_id_block(self.state.node_id, size))
+        else:
+            pid = self.state.allocate_producer_id()
         log.info("producer id %d given to client %s", pid, request.client_id)
         return {"throttle_time": 0, "error_code": ErrorCode.none, "producer_id": pid, "producer_epoch": 0}
 

@@ -514,6 +514,12 @@ class ReplicaManager:
                     # The leader does not (yet) agree it leads this epoch: wait for the metadata to settle.
                     log.info("%s: broker %d refused the fetch: %s: %s", r.name, r.leader, exc.code.name, exc)
                     await asyncio.sleep(min(backoff, 0.2))
+                except Exception:  # noqa: BLE001 - a fetcher must not die silently
+                    log.exception("%s: the replica fetcher failed; retrying", r.name)
+                    if conn is not None:
+                        conn.close()
+                        conn = None
+                    await asyncio.sleep(backoff)
         finally:
             if conn is not None:
                 conn.close()
@@ -578,8 +584,13 @@ class ReplicaManager:
         end = 0
         for pos, header in iter_headers(data):
             if header.base_offset != plog.log_end_offset:
-                log.warning("%s: the leader sent a batch at %d, but the log ends at %d; refetching",
-                            r.name, header.base_offset, plog.log_end_offset)
+                # Batch boundaries differ from the leader's: the logs have diverged (what truncating
+                # to the high watermark can do). As Kafka's fetcher marks such a partition failed,
+                # this replica stops fetching it rather than append out of order.
+                log.error("%s: DIVERGED: the leader's batch covers offsets %d..%d, but this replica's log ends "
+                          "at %d; it stops fetching this partition", r.name, header.base_offset,
+                          header.last_offset, plog.log_end_offset)
+                r.generation += 1
                 break
             plog.append(data[pos:pos + header.size], header)
             plog.epochs.assign(header.leader_epoch, header.base_offset)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -106,6 +107,7 @@ class BrokerState:
         self.topics: dict[str, Topic] = {}
         self._load_topics()
         self._next_producer_id, self._reserved_until = self._load_producer_ids()
+        self._producer_id_lock = threading.Lock()
 
     # -- start-up --------------------------------------------------------------
 
@@ -248,13 +250,20 @@ class BrokerState:
 
     # -- producer ids ------------------------------------------------------------
 
-    def allocate_producer_id(self) -> int:
-        if self._next_producer_id >= self._reserved_until:
-            self._reserved_until = self._next_producer_id + self.config["producer.id.block.size"]
-            _write_atomically(self.data_dir / PRODUCER_ID_FILE, f"{self._reserved_until}\n")
-        pid = self._next_producer_id
-        self._next_producer_id += 1
-        return pid
+    def allocate_producer_id(self, block_source=None) -> int:
+        """The next producer id. Standalone, blocks are reserved in this data directory; in a
+        cluster, `block_source(size) -> (start, end)` reserves one for the whole cluster (blocking)."""
+        with self._producer_id_lock:
+            if self._next_producer_id >= self._reserved_until:
+                size = self.config["producer.id.block.size"]
+                if block_source is not None:
+                    self._next_producer_id, self._reserved_until = block_source(size)
+                else:
+                    self._reserved_until = self._next_producer_id + size
+                    _write_atomically(self.data_dir / PRODUCER_ID_FILE, f"{self._reserved_until}\n")
+            pid = self._next_producer_id
+            self._next_producer_id += 1
+            return pid
 
     # -- appends -------------------------------------------------------------------
 

@@ -258,6 +258,29 @@ class ZkStore:
                 snap.states[(name, p)] = PartitionState.parse(raw, stat.version, stat.mzxid)
         return snap
 
+    def producer_id_block(self, broker_id: int, size: int) -> tuple[int, int]:
+        """Reserve [start, end) of producer ids for the whole cluster, as Kafka's
+        /latest_producer_id_block does, by a conditional update."""
+        path = "/latest_producer_id_block"
+        while True:
+            try:
+                raw, stat = self.zk.get(path)
+                start = int(json.loads(raw)["block_end"]) + 1
+                version = stat.version
+            except NoNodeError:
+                start, version = 0, None
+            end = start + size - 1
+            data = json.dumps({"version": 1, "broker": broker_id, "block_start": str(start),
+                               "block_end": str(end)}).encode()
+            try:
+                if version is None:
+                    self.zk.create(path, data)
+                else:
+                    self.zk.set(path, data, version=version)
+                return start, end + 1
+            except (NodeExistsError, BadVersionError):
+                continue
+
     def live_brokers(self) -> list[int]:
         return sorted(int(c) for c in self.zk.get_children(BROKERS))
 

@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from confluent_kafka.admin import AdminClient
 from kio.schema.errors import ErrorCode
 from kio.schema.list_offsets.v7 import request as lo_req
 
-from faultline.broker.records import encode_batch
+from faultline.broker.records import decode_records, encode_batch, iter_headers
 from faultline.control.wait import wait_until
 from tests.broker.cluster import produce
 from tests.wire import WireClient, fetch, part_response, produce_req, values
@@ -200,3 +202,71 @@ def test_unclean_election_trades_acknowledged_writes_for_availability(cluster_fa
         with wire(cluster, survivor) as client:
             wait_until(lambda: fetch(client, "u", 0).error_code == ErrorCode.none, 10, "the leader serves")
             assert values(fetch(client, "u", 0).records)[:51] == [b"old"] + [f"v{i}".encode() for i in range(50)]
+
+
+def log_records(cluster, broker: int, topic: str, partition: int) -> dict[int, bytes]:
+    """offset -> value, read from a replica's segment files."""
+    data = segment_bytes(cluster, broker, topic, partition)
+    return {r.offset: r.value for pos, _ in iter_headers(data) for r in decode_records(data, pos)}
+
+
+def partition_assigned(cluster, order: tuple[int, ...], attempts: int = 12) -> tuple[str, int]:
+    """Create topics until one has a partition whose replicas are exactly `order`."""
+    for n in range(attempts):
+        name = f"k{n}"
+        cluster.create_topic(name, 3, len(order))
+        for p, replicas in cluster.assignment(name).items():
+            if tuple(replicas) == order:
+                return name, p
+    raise AssertionError(f"no partition got replicas {order} in {attempts} topics")
+
+
+@pytest.mark.parametrize("truncation", ["high-watermark", "leader-epoch"])
+def test_kip_101_truncating_to_the_high_watermark_loses_acknowledged_writes_and_diverges(cluster_factory,
+                                                                                      truncation):
+    """KIP-101's failure, scripted. Followers learn the high watermark one fetch late (here the
+    leader holds idle fetches for 30 s, so they keep a stale one). Leader 1 dies while broker 2
+    is paused but still registered: 2 is elected, and 3 becomes its follower. Truncating to its
+    stale high watermark, 3 drops acknowledged records it cannot fetch back from the paused 2;
+    when 2's session ends, 3 leads with a shortened log and takes new writes at those offsets.
+    Broker 1 returns, truncates to its own (current) high watermark and keeps the old records:
+    the replicas disagree. Truncating by leader epoch asks the leader instead, and loses nothing."""
+    cluster = cluster_factory(start=False, settings={
+        "faultline.truncation": truncation, "replica.fetch.wait.max.ms": 30000,
+        "replica.lag.time.max.ms": 60000, "min.insync.replicas": 1,
+        "replica.high.watermark.checkpoint.interval.ms": 100})
+    cluster.brokers[1].settings["zookeeper.session.timeout.ms"] = 2000
+    cluster.brokers[2].settings["zookeeper.session.timeout.ms"] = 9000
+    cluster.start(3)
+    wait_until(lambda: cluster.controller() == 3, 20, "broker 3 did not become the controller")
+    cluster.start(1, 2)
+    topic, p = partition_assigned(cluster, (1, 2, 3))
+    acked = produce(cluster.producer(), topic, p, [f"acked-{i}" for i in range(10)])
+    assert [r[1] for r in acked] == list(range(10))
+    time.sleep(0.5)  # two high watermark checkpoints on broker 1 (interval 100 ms)
+
+    cluster.pause(2)
+    cluster.kill(1)
+    cluster.wait_state(topic, p, lambda s: s["leader"] == 2, "broker 2 elected while paused")
+    cluster.wait_state(topic, p, lambda s: s["leader"] == 3, "broker 3 elected after broker 2's session ended")
+    fresh = produce(cluster.producer(), topic, p, [f"new-{i}" for i in range(20)])
+    assert all(r[2] is None for r in fresh)
+    cluster.resume(2)
+    cluster.brokers[1].start()
+    if truncation == "leader-epoch":
+        cluster.wait_state(topic, p, lambda s: sorted(s["isr"]) == [1, 2, 3], "every replica back in the ISR")
+    else:
+        wait_until(lambda: f"{topic}-{p}: DIVERGED" in cluster.brokers[1].log_text(), 20,
+                   "broker 1 did not report that its log diverged from the leader's")
+
+    leader_log = log_records(cluster, 3, topic, p)
+    vanished = [v for v, offset, _ in acked if leader_log.get(offset) != v.encode()]
+    old_log = log_records(cluster, 1, topic, p)
+    disagree = sorted(o for o in leader_log if o in old_log and old_log[o] != leader_log[o])
+    if truncation == "high-watermark":
+        assert vanished, "an acknowledged write vanished from the leader's log"
+        assert disagree, "brokers 1 and 3 hold different records at the same offsets"
+        assert all(old_log[o] == f"acked-{o}".encode() for o in disagree), "broker 1 kept the old records"
+    else:
+        assert vanished == [] and disagree == [] and sorted(old_log) == list(range(30))
+        assert [leader_log[o] for o in range(30)] == [v.encode() for v, _, _ in acked + fresh]
