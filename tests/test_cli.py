@@ -88,9 +88,12 @@ def test_run_flags_with_bad_values_are_refused_with_the_reason():
                            "--replication-factor", "3"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "replication-factor=3 needs that many nodes" in proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "faultline.runner.cli", "run", "--nodes", "3"], cwd=REPO,
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "use --nodes 1" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "faultline.runner.cli", "run", "--nodes", "3",
+                           "--zookeeper-nodes", "0"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "give --zookeeper-nodes 1 or more" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "faultline.runner.cli", "run", "--nodes", "3",
+                           "--zookeeper-nodes", "2"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "use an odd number" in proc.stderr
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")

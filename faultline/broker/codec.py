@@ -83,10 +83,8 @@ def decode_request(frame: bytes, supported: dict[int, tuple[int, int]]) -> Reque
     except (SerialError, KeyError, ValueError, TypeError, OverflowError, UnicodeDecodeError) as exc:
         # KeyError: kio raises it for a tagged field it does not know.
         raise ProtocolError(f"malformed {schema.__name__} v{version}: {type(exc).__name__}: {exc}") from None
-    if used + used_body != len(frame):
-        raise ProtocolError(
-            f"{schema.__name__} v{version} left {len(frame) - used - used_body} bytes unread"
-        )
+    # Bytes after the body are ignored, as Kafka's request parsing ignores them: librdkafka 2.x
+    # sends an all-topics Metadata request with three stray bytes, which Kafka accepts.
     return Request(api_key, version, correlation_id, header.client_id, body, len(frame))
 
 

@@ -138,7 +138,7 @@ class BrokerServer:
             log.warning("closing %s: %s", peer, exc)
             return False
         except ProtocolError as exc:
-            log.warning("closing %s: %s", peer, exc)
+            log.warning("closing %s: %s (frame starts %s)", peer, exc, frame[:96].hex())
             return False
         try:
             result = self.handlers.handle(request)

@@ -41,6 +41,7 @@ class TestSpec:
     broker: str = "reference"
     backend: str = "local"
     nodes: int = 1
+    zookeeper_nodes: int | None = None
     time_limit: float = 30.0
     final_time_limit: float = 30.0
     rate: float = 100.0
@@ -79,13 +80,26 @@ class TestSpec:
         need(1 <= rf <= self.nodes, f"replication-factor={rf} needs that many nodes; nodes={self.nodes}")
         need(self.workload == "queue", f"workload {self.workload!r} is unknown; the one workload is 'queue'")
         need(self.broker == "reference", f"broker {self.broker!r} is unknown; use 'reference'")
-        need(self.nodes == 1, f"nodes={self.nodes}: the reference broker does not replicate between "
-                              f"nodes yet, so a test runs on one node; use --nodes 1")
+        zk = self.effective_zookeeper_nodes
+        need(zk >= 0, f"zookeeper-nodes={zk}: give 0 (a standalone broker) or more")
+        need(zk >= 1 or self.nodes == 1,
+             f"nodes={self.nodes} with zookeeper-nodes=0: brokers form a cluster through ZooKeeper; "
+             f"give --zookeeper-nodes 1 or more")
+        need(zk % 2 == 1 or zk == 0,
+             f"zookeeper-nodes={zk}: an ensemble of an even size tolerates no more failures than one "
+             f"member fewer and can split evenly; use an odd number (1, 3, 5)")
         need(self.backend == "local", f"backend {self.backend!r} is unknown; use 'local'")
 
     @property
     def effective_replication_factor(self) -> int:
         return self.replication_factor if self.replication_factor is not None else min(3, self.nodes)
+
+    @property
+    def effective_zookeeper_nodes(self) -> int:
+        """ZooKeeper servers: by default one for a cluster, none for a single standalone broker."""
+        if self.zookeeper_nodes is not None:
+            return self.zookeeper_nodes
+        return 0 if self.nodes == 1 else 1
 
     def with_seed(self) -> "TestSpec":
         """A copy whose seed is fixed (drawn now if none was given)."""

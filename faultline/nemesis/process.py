@@ -1,8 +1,11 @@
 """Process faults: SIGKILL a node's broker and start it again.
 
-In: the db (start/kill/wait_ready/running by node name) and the node names.
-Out: `kill` kills a random node's broker and reports which and its signal;
-`start` restarts every broker this nemesis killed and reports which.
+In: the db (start/kill/wait_ready/running by node name, and `leader(topic,
+partition)` for the node leading a partition), the node names and the
+test's keys ("topic/partition"). Out: `kill` kills a broker and reports which
+node, why it was chosen and the signal; `start` restarts every broker this
+nemesis killed and reports which. The target is a random live node
+(`kill`) or the current leader of a random key (`kill-leader`).
 """
 
 from __future__ import annotations
@@ -16,9 +19,11 @@ from .core import Op
 class KillNemesis:
     fs = ("kill", "start")
 
-    def __init__(self, db, nodes: list[str]):
+    def __init__(self, db, nodes: list[str], keys: list[str] | None = None, target: str = "random"):
         self.db = db
         self.nodes = list(nodes)
+        self.keys = list(keys or [])
+        self.target = target
         self.killed: list[str] = []
 
     def invoke(self, op: Op) -> Any:
@@ -27,10 +32,19 @@ class KillNemesis:
             live = [n for n in self.nodes if n not in self.killed]
             if not live:
                 return {"nodes": [], "note": "every node is already down"}
-            target = rng.choice(live)
+            if self.target == "leader":
+                key = rng.choice(self.keys)
+                topic, _, partition = key.rpartition("/")
+                target = self.db.leader(topic, int(partition))
+                if target is None or target not in live:
+                    return {"nodes": [], "key": key, "note": f"{key} has no live leader to kill"}
+                why = {"leader_of": key}
+            else:
+                target = rng.choice(live)
+                why = {}
             self.db.kill(target)
             self.killed.append(target)
-            return {"nodes": [target], "signal": "SIGKILL"}
+            return {"nodes": [target], "signal": "SIGKILL", **why}
         if op["f"] == "start":
             return self.heal()
         raise ValueError(f"KillNemesis cannot perform {op['f']!r}")
@@ -46,18 +60,21 @@ class KillNemesis:
         return {"nodes": started}
 
 
-PAIRS = {"kill": ("kill", "start")}
+PAIRS = {"kill": ("kill", "start"), "kill-leader": ("kill", "start")}
+TARGETS = {"kill": "random", "kill-leader": "leader"}
 
 
-def build(kinds: list[str], db, nodes: list[str]) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+def build(kinds: list[str], db, nodes: list[str],
+          keys: list[str] | None = None) -> tuple[dict[str, Any], list[tuple[str, str]]]:
     """Nemeses by name -> ({f: nemesis}, [(start f, stop f)])."""
     by_f: dict[str, Any] = {}
     pairs = []
     for kind in kinds:
-        if kind == "kill":
-            nemesis = KillNemesis(db, nodes)
-        else:
+        if kind not in PAIRS:
             raise ValueError(f"unknown nemesis {kind!r}; known: {', '.join(PAIRS)}")
+        if "kill" in by_f:
+            raise ValueError(f"nemeses {', '.join(kinds)}: choose one of kill and kill-leader")
+        nemesis = KillNemesis(db, nodes, keys, TARGETS[kind])
         for f in nemesis.fs:
             by_f[f] = nemesis
         pairs.append(PAIRS[kind])

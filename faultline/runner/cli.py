@@ -57,7 +57,7 @@ def _spec_from_args(args: argparse.Namespace):
     producer.update(parse_settings(args.producer, "--producer"))
     consumer.update(parse_settings(args.consumer, "--consumer"))
     broker.update(parse_settings(args.broker_set, "--broker-set"))
-    for name in ("name", "nodes", "time_limit", "final_time_limit", "rate", "concurrency", "seed", "topics",
+    for name in ("name", "nodes", "zookeeper_nodes", "time_limit", "final_time_limit", "rate", "concurrency", "seed", "topics",
                  "partitions", "replication_factor", "nemesis_interval", "store", "spark_master", "model"):
         value = getattr(args, name)
         if value is not None:
@@ -115,7 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
                          epilog=RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("--config", metavar="FILE", help="a TOML file of spec fields (flags override it)")
     run.add_argument("--name", help="test name, the store subfolder (default queue)")
-    run.add_argument("--nodes", type=int, help="broker nodes (default 1)")
+    run.add_argument("--nodes", type=int, help="broker nodes (default 1: one standalone broker; with more, "
+                     "the brokers form a replicated cluster through ZooKeeper)")
+    run.add_argument("--zookeeper-nodes", type=int, metavar="N",
+                     help="ZooKeeper servers, each on its own node (default 1 when --nodes > 1, else 0); "
+                     "3 or 5 form an ensemble")
     run.add_argument("--time-limit", type=float, metavar="S", help="seconds of the main phase (default 30)")
     run.add_argument("--final-time-limit", type=float, metavar="S",
                      help="seconds the final reads may take (default 30)")
@@ -131,7 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="librdkafka consumer setting, e.g. isolation.level=read_committed (repeatable)")
     run.add_argument("--broker-set", action="append", default=[], metavar="KEY=VALUE",
                      help="broker setting, e.g. log.flush.interval.messages=1 (repeatable)")
-    run.add_argument("--nemesis", metavar="KINDS", help="comma-separated faults: kill (default none)")
+    run.add_argument("--nemesis", metavar="KINDS", help="comma-separated faults (default none): kill (SIGKILL a "
+                     "random broker, then restart it), kill-leader (the same, aimed at a partition's leader)")
     run.add_argument("--nemesis-interval", type=float, metavar="S", help="mean seconds between faults (default 10)")
     run.add_argument("--store", metavar="DIR", help="store folder (default ./store)")
     run.add_argument("--spark-master", metavar="URL", help="Spark master for the check (default local[2])")

@@ -21,14 +21,54 @@ BROKER_PORT = 9092
 DAEMON = "broker"
 
 
-class ReferenceBrokerDB:
-    """Runs `faultline broker` on every node; node i (from 1) is broker id i."""
+# What a replicated run gives its brokers unless the test's --broker-set says otherwise: failures
+# are noticed in seconds (Kafka 2.x's session timeout and its lag limit before 2.5), not half a minute.
+CLUSTER_DEFAULTS = {"zookeeper.session.timeout.ms": "6000", "replica.lag.time.max.ms": "10000"}
 
-    def __init__(self, spec: TestSpec, remotes: dict, workdir: Path):
+
+class ReferenceBrokerDB:
+    """Runs `faultline broker` on every node; node i (from 1) is broker id i.
+
+    With `zookeeper_connect` the brokers form a replicated cluster; `leader()` and
+    `controller()` then say, from ZooKeeper, which node leads a partition and which
+    is the controller (for nemeses that target them). Standalone, the one node is both."""
+
+    def __init__(self, spec: TestSpec, remotes: dict, workdir: Path, zookeeper_connect: str | None = None):
         self.spec = spec
         self.remotes = remotes
         self.workdir = workdir
         self.node_ids = {name: i + 1 for i, name in enumerate(remotes)}
+        self.zookeeper_connect = zookeeper_connect
+        self._view = None
+
+    def settings(self) -> dict[str, str]:
+        settings: dict[str, str] = {}
+        if self.zookeeper_connect:
+            settings = dict(CLUSTER_DEFAULTS, **{"zookeeper.connect": self.zookeeper_connect,
+                                                 "default.replication.factor": str(self.spec.effective_replication_factor)})
+        settings.update(self.spec.broker_settings)
+        return settings
+
+    def node_of(self, broker_id: int | None) -> str | None:
+        return next((n for n, i in self.node_ids.items() if i == broker_id), None)
+
+    def _cluster_view(self):
+        if self._view is None:
+            from .zookeeper import ClusterView
+
+            self._view = ClusterView(self.zookeeper_connect)
+        return self._view
+
+    def leader(self, topic: str, partition: int) -> str | None:
+        if not self.zookeeper_connect:
+            return next(iter(self.remotes))
+        state = self._cluster_view().partition_state(topic, partition)
+        return self.node_of(state["leader"]) if state else None
+
+    def controller(self) -> str | None:
+        if not self.zookeeper_connect:
+            return next(iter(self.remotes))
+        return self.node_of(self._cluster_view().controller())
 
     def node_dir(self, node: str) -> Path:
         return self.workdir / node
@@ -43,7 +83,7 @@ class ReferenceBrokerDB:
     def command(self, node: str) -> list[str]:
         cmd = [sys.executable, "-m", "faultline.broker.main", "--node-id", str(self.node_ids[node]),
                "--listen", self.address(node), "--data-dir", str(self.node_dir(node) / "data")]
-        for key, value in self.spec.broker_settings.items():
+        for key, value in self.settings().items():
             cmd += ["--set", f"{key}={value}"]
         return cmd
 
@@ -92,6 +132,9 @@ class ReferenceBrokerDB:
 
     def teardown(self, store_dir: Path) -> None:
         """Stop every broker cleanly and copy its log into store/nodes/<node>/."""
+        if self._view is not None:
+            self._view.close()
+            self._view = None
         for node, remote in self.remotes.items():
             try:
                 remote.resume(DAEMON)  # a paused broker cannot act on SIGTERM

@@ -30,6 +30,7 @@ from ..nemesis.core import Schedule
 from ..workloads.queue import QueueClient
 from .checking import check_with_progress
 from .db import ReferenceBrokerDB
+from .zookeeper import ZooKeeperDB
 from .interpreter import Phase, run_phases
 from .progress import Progress
 from .store import create_run_dir
@@ -60,6 +61,13 @@ def create_topics(spec: TestSpec, bootstrap: str) -> None:
 
     wait_until(created, 60, f"could not create the topics {spec.topic_names} on {bootstrap}")
 
+    def led() -> bool:
+        md = admin.list_topics(timeout=10)
+        return all(t in md.topics and len(md.topics[t].partitions) == spec.partitions
+                   and all(p.leader >= 0 for p in md.topics[t].partitions.values()) for t in spec.topic_names)
+
+    wait_until(led, 60, f"the partitions of {spec.topic_names} did not all get a leader on {bootstrap}")
+
 
 def run_test(spec: TestSpec, show_progress: bool = True) -> tuple[int, Path]:
     spec = spec.with_seed()
@@ -67,11 +75,13 @@ def run_test(spec: TestSpec, show_progress: bool = True) -> tuple[int, Path]:
     tag = secrets.token_hex(3)
     workdir = Path(tempfile.mkdtemp(prefix=f"faultline-{tag}-"))
     nodes = [f"n{i + 1}" for i in range(spec.nodes)]
+    zk_nodes = [f"zk{i + 1}" for i in range(spec.effective_zookeeper_nodes)]
     history = HistoryWriter(run_dir / "history.jsonl")
     phase = Phase()
     stop = threading.Event()
     cluster = None
     db = None
+    zookeeper = None
     interrupted = None
 
     def on_signal(signum, frame):
@@ -91,17 +101,23 @@ def run_test(spec: TestSpec, show_progress: bool = True) -> tuple[int, Path]:
         return (f"phase {phase.name} ({time.monotonic() - phase.started:.0f}s): {done} ops done: "
                 f"{c['ok']} ok, {c['fail']} fail, {c['info']} info")
 
-    print(f"faultline run: {spec.name}, seed {spec.seed}, {spec.nodes} node(s), {spec.time_limit:g}s at "
+    zk_note = f" + {len(zk_nodes)} ZooKeeper" if zk_nodes else ""
+    print(f"faultline run: {spec.name}, seed {spec.seed}, {spec.nodes} broker node(s){zk_note}, {spec.time_limit:g}s at "
           f"{spec.rate:g} ops/s; store {run_dir}")
     progress = Progress(describe) if show_progress else None
     try:
         if progress:
             progress.__enter__()
-        cluster = LocalCluster.create(tag, nodes, workdir)
-        db = ReferenceBrokerDB(spec, cluster.remotes, workdir)
+        cluster = LocalCluster.create(tag, nodes + zk_nodes, workdir)
+        connect = None
+        if zk_nodes:
+            zookeeper = ZooKeeperDB({n: cluster.remotes[n] for n in zk_nodes}, workdir)
+            zookeeper.setup()
+            connect = zookeeper.connect
+        db = ReferenceBrokerDB(spec, {n: cluster.remotes[n] for n in nodes}, workdir, connect)
         db.setup()
         create_topics(spec, db.bootstrap)
-        nemeses, pairs = process_nemesis.build(spec.nemesis, db, nodes)
+        nemeses, pairs = process_nemesis.build(spec.nemesis, db, nodes, spec.keys)
         schedule = Schedule(spec.seed, pairs, spec.nemesis_interval) if pairs else None
 
         def make_client(process: int) -> QueueClient:
@@ -122,6 +138,8 @@ def run_test(spec: TestSpec, show_progress: bool = True) -> tuple[int, Path]:
         try:
             if db is not None:
                 db.teardown(run_dir)
+            if zookeeper is not None:
+                zookeeper.teardown(run_dir)
         finally:
             if cluster is not None:
                 cluster.destroy()
