@@ -25,16 +25,19 @@ CLIENT_PORT = 2181
 PEER_PORT, ELECTION_PORT = 2888, 3888
 DAEMON = "zookeeper"
 MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
-CLASSPATH = "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar"
+# slf4j-simple (from libslf4j-java, a dependency of Debian's zookeeper) sends ZooKeeper's own log to
+# stderr, which lands in the node's zookeeper.log; without a binding slf4j would drop it.
+CLASSPATH = "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar"
 JAR = Path("/usr/share/java/zookeeper.jar")
 
 
-def zoo_cfg(data_dir: Path, client_address: str, servers: dict[int, str], tick_ms: int = 500) -> str:
+def zoo_cfg(data_dir: Path, client_address: str, servers: dict[int, str], tick_ms: int = 500,
+            client_port: int = CLIENT_PORT) -> str:
     """zoo.cfg text. `servers`: myid -> address, for an ensemble (empty for a standalone server)."""
     lines = [
         f"tickTime={tick_ms}",
         f"dataDir={data_dir}",
-        f"clientPort={CLIENT_PORT}",
+        f"clientPort={client_port}",
         f"clientPortAddress={client_address}",
         "initLimit=20",
         "syncLimit=10",
@@ -51,11 +54,11 @@ def zoo_cfg(data_dir: Path, client_address: str, servers: dict[int, str], tick_m
 def java_command(cfg: Path, log_dir: Path) -> list[str]:
     java = shutil.which("java") or "/usr/bin/java"
     return [java, "-Xms64m", "-Xmx256m", "-cp", CLASSPATH, f"-Dzookeeper.log.dir={log_dir}",
-            "-Dzookeeper.root.logger=INFO,CONSOLE", MAIN_CLASS, str(cfg)]
+            "-Dorg.slf4j.simpleLogger.showDateTime=true", MAIN_CLASS, str(cfg)]
 
 
-def four_letter(host: str, command: str, timeout: float = 2.0) -> str:
-    with socket.create_connection((host, CLIENT_PORT), timeout=timeout) as s:
+def four_letter(host: str, command: str, timeout: float = 2.0, port: int = CLIENT_PORT) -> str:
+    with socket.create_connection((host, port), timeout=timeout) as s:
         s.sendall(command.encode())
         chunks = []
         while chunk := s.recv(4096):
