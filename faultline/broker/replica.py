@@ -408,7 +408,8 @@ class ReplicaManager:
         progress.last_fetch_time = now
         progress.leo = fetch_offset
         self._advance_hw(r)
-        if follower not in r.isr and fetch_offset >= r.log.high_watermark:
+        leaving = self.snapshot.shutting_down if self.snapshot is not None else frozenset()
+        if follower not in r.isr and follower not in leaving and fetch_offset >= r.log.high_watermark:
             epoch_start = next((o for e, o in r.log.epochs.entries if e == r.leader_epoch), 0)
             if fetch_offset >= epoch_start:
                 self._change_isr(r, tuple(b for b in r.replicas if b in r.isr or b == follower),

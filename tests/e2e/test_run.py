@@ -35,6 +35,7 @@ def leftovers() -> dict[str, list[str]]:
     # of other tests (another checkout's suite, say) are none of these tests' business.
     procs = subprocess.run(["pgrep", "-af", "faultline.broker.main .*--data-dir /tmp/faultline-"],
                            capture_output=True, text=True).stdout
+    procs += subprocess.run(["pgrep", "-af", "QuorumPeerMain /tmp/faultline-"], capture_output=True, text=True).stdout
     return {
         "namespaces": [l for l in netns.splitlines() if l.startswith("faultline-")],
         "links": [l.split(":")[1].strip() for l in links.splitlines() if l.split(":")[1].strip().startswith("fl")],
