@@ -50,11 +50,19 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[min(int(len(sorted_values) * q), len(sorted_values) - 1)]
 
 
-def bench(bootstrap: str, n: int, partitions: int, value_size: int, rate: float | None = None) -> dict:
+def bench(bootstrap: str, n: int, partitions: int, value_size: int, rate: float | None = None,
+          replication_factor: int = 1) -> dict:
     """Produce n messages (as fast as possible, or paced at `rate` per second), then consume them."""
     topic = f"bench-{int(time.time())}"
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(10)
+    admin.create_topics([NewTopic(topic, partitions, replication_factor)])[topic].result(10)
+    # Wait for every partition's leader, so the first sends do not measure an election.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        parts = admin.list_topics(topic, timeout=10).topics[topic].partitions
+        if len(parts) == partitions and all(p.leader >= 0 for p in parts.values()):
+            break
+        time.sleep(0.1)
 
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
                          "linger.ms": 5, "queue.buffering.max.messages": 1_000_000})
@@ -108,6 +116,7 @@ def bench(bootstrap: str, n: int, partitions: int, value_size: int, rate: float 
         "messages": n,
         "paced_rate": rate,
         "partitions": partitions,
+        "replication_factor": replication_factor,
         "value_bytes": value_size,
         "produce_errors": errors,
         "produce_msgs_per_s": round(n / produce_s),

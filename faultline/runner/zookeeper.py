@@ -15,6 +15,7 @@ import json
 import logging
 import shutil
 import socket
+import subprocess
 from pathlib import Path
 
 from ..control.wait import wait_until
@@ -145,6 +146,42 @@ class ZooKeeperDB:
                 src = self.node_dir(node) / name
                 if src.exists():
                     remote.download(src, dest / name)
+
+
+class LocalZooKeeper:
+    """One ZooKeeper server on 127.0.0.1 on a free port, no namespace: for broker tests and
+    benchmarks that run brokers on localhost."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def connect(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> "LocalZooKeeper":
+        data = self.root / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        cfg = self.root / "zoo.cfg"
+        cfg.write_text(zoo_cfg(data, "127.0.0.1", {}, client_port=self.port))
+        with open(self.root / "zookeeper.log", "a") as out:
+            self.proc = subprocess.Popen(java_command(cfg, self.root), stdout=out, stderr=subprocess.STDOUT)
+        wait_until(self._serving, 60, f"ZooKeeper did not serve on {self.connect}; see {self.root}/zookeeper.log")
+        return self
+
+    def _serving(self) -> bool:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"ZooKeeper exited: {(self.root / 'zookeeper.log').read_text()[-2000:]}")
+        return four_letter("127.0.0.1", "ruok", port=self.port) == "imok"
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
 
 class ClusterView:

@@ -27,7 +27,7 @@ def _close_leftover_files(tmp_path):
 @pytest.fixture(scope="session")
 def zookeeper(tmp_path_factory):
     """A ZooKeeper for the whole session; each cluster uses its own chroot."""
-    from tests.broker.zookeeper_server import LocalZooKeeper
+    from faultline.runner.zookeeper import LocalZooKeeper
 
     zk = LocalZooKeeper(tmp_path_factory.mktemp("zookeeper")).start()
     yield zk.connect
