@@ -85,7 +85,46 @@ def decode_request(frame: bytes, supported: dict[int, tuple[int, int]]) -> Reque
         raise ProtocolError(f"malformed {schema.__name__} v{version}: {type(exc).__name__}: {exc}") from None
     # Bytes after the body are ignored, as Kafka's request parsing ignores them: librdkafka 2.x
     # sends an all-topics Metadata request with three stray bytes, which Kafka accepts.
+    problem = _null_where_not_nullable(body)
+    if problem:
+        raise ProtocolError(f"malformed {schema.__name__} v{version}: {problem} is null, which it may not be")
     return Request(api_key, version, correlation_id, header.client_id, body, len(frame))
+
+
+@functools.cache
+def _array_fields(cls: type) -> tuple[tuple[str, bool, type | None], ...]:
+    """For each array or entity field: name, whether null is allowed, the nested entity class."""
+    out = []
+    for f in dataclasses.fields(cls):
+        tp = f.type
+        nullable = False
+        if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
+            args = typing.get_args(tp)
+            nullable = type(None) in args
+            tp = next((a for a in args if a is not type(None)), tp)
+        if typing.get_origin(tp) is tuple:
+            out.append((f.name, nullable, _entity_arg(typing.get_args(tp)[0])))
+        elif dataclasses.is_dataclass(tp):
+            out.append((f.name, nullable, tp))
+    return tuple(out)
+
+
+def _null_where_not_nullable(entity, path: str = "") -> str | None:
+    """kio reads a -1 length as null even where Kafka's schema forbids it; find such a field."""
+    for name, nullable, sub in _array_fields(type(entity)):
+        value = getattr(entity, name)
+        where = f"{path}{name}"
+        if value is None:
+            if not nullable:
+                return where
+            continue
+        if sub is None:
+            continue
+        for i, item in enumerate(value if isinstance(value, tuple) else (value,)):
+            problem = _null_where_not_nullable(item, f"{where}[{i}].")
+            if problem:
+                return problem
+    return None
 
 
 @functools.cache

@@ -341,7 +341,8 @@ class Handlers:
         wait_s = max(body.max_wait.total_seconds(), 0.0)
         deadline = time.monotonic() + wait_s
         error = ErrorCode.none
-        if body.session_epoch > 0 or (body.session_id != 0 and body.session_epoch != -1):
+        session_id, session_epoch = getattr(body, "session_id", 0), getattr(body, "session_epoch", -1)
+        if session_epoch > 0 or (session_id != 0 and session_epoch != -1):
             # No fetch sessions are kept, so any incremental fetch names an unknown one.
             error = ErrorCode.fetch_session_id_not_found
             return {"throttle_time": 0, "error_code": error, "session_id": 0, "responses": []}

@@ -60,22 +60,44 @@ class KillNemesis:
         return {"nodes": started}
 
 
-PAIRS = {"kill": ("kill", "start"), "kill-leader": ("kill", "start")}
-TARGETS = {"kill": "random", "kill-leader": "leader"}
+class PauseNemesis:
+    """SIGSTOP a broker (a random one, or the leader of a random key), SIGCONT it later."""
 
+    fs = ("pause", "resume")
 
-def build(kinds: list[str], db, nodes: list[str],
-          keys: list[str] | None = None) -> tuple[dict[str, Any], list[tuple[str, str]]]:
-    """Nemeses by name -> ({f: nemesis}, [(start f, stop f)])."""
-    by_f: dict[str, Any] = {}
-    pairs = []
-    for kind in kinds:
-        if kind not in PAIRS:
-            raise ValueError(f"unknown nemesis {kind!r}; known: {', '.join(PAIRS)}")
-        if "kill" in by_f:
-            raise ValueError(f"nemeses {', '.join(kinds)}: choose one of kill and kill-leader")
-        nemesis = KillNemesis(db, nodes, keys, TARGETS[kind])
-        for f in nemesis.fs:
-            by_f[f] = nemesis
-        pairs.append(PAIRS[kind])
-    return by_f, pairs
+    def __init__(self, db, nodes: list[str], keys: list[str] | None = None, target: str = "random"):
+        self.db = db
+        self.nodes = list(nodes)
+        self.keys = list(keys or [])
+        self.target = target
+        self.paused: list[str] = []
+
+    def invoke(self, op: Op) -> Any:
+        if op["f"] == "resume":
+            return self.heal()
+        if op["f"] != "pause":
+            raise ValueError(f"PauseNemesis cannot perform {op['f']!r}")
+        rng = random.Random(op.get("seed", 0))
+        running = [n for n in self.nodes if n not in self.paused]
+        if not running:
+            return {"nodes": [], "note": "every node is already paused"}
+        why = {}
+        target = rng.choice(running)
+        if self.target == "leader" and self.keys:
+            key = rng.choice(self.keys)
+            topic, _, partition = key.rpartition("/")
+            target = self.db.leader(topic, int(partition))
+            why = {"leader_of": key}
+            if target is None or target not in running:
+                return {"nodes": [], **why, "note": f"{key} has no running leader to pause"}
+        self.db.pause(target)
+        self.paused.append(target)
+        return {"nodes": [target], "signal": "SIGSTOP", **why}
+
+    def heal(self) -> Any:
+        resumed = []
+        for node in self.paused:
+            self.db.resume(node)
+            resumed.append(node)
+        self.paused = []
+        return {"nodes": resumed, "signal": "SIGCONT"}

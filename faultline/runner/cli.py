@@ -11,6 +11,7 @@ import os
 import sys
 
 from ..broker import main as broker_main
+from ..nemesis import catalog as nemesis_catalog
 
 DESCRIPTION = """\
 faultline: a Jepsen-style correctness checker for Kafka-style brokers, with
@@ -135,8 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="librdkafka consumer setting, e.g. isolation.level=read_committed (repeatable)")
     run.add_argument("--broker-set", action="append", default=[], metavar="KEY=VALUE",
                      help="broker setting, e.g. log.flush.interval.messages=1 (repeatable)")
-    run.add_argument("--nemesis", metavar="KINDS", help="comma-separated faults (default none): kill (SIGKILL a "
-                     "random broker, then restart it), kill-leader (the same, aimed at a partition's leader)")
+    run.add_argument("--nemesis", metavar="KINDS", help="comma-separated faults (default none): " + "; ".join(
+                     f"{k}: {v}" for k, v in nemesis_catalog.KINDS.items()))
     run.add_argument("--nemesis-interval", type=float, metavar="S", help="mean seconds between faults (default 10)")
     run.add_argument("--store", metavar="DIR", help="store folder (default ./store)")
     run.add_argument("--spark-master", metavar="URL", help="Spark master for the check (default local[2])")

@@ -25,7 +25,8 @@ from ..control.netns import LocalCluster
 from ..control.wait import wait_until
 from ..models.history import HistoryWriter
 from ..models.spec import TestSpec
-from ..nemesis import process as process_nemesis
+from ..control.net import Net
+from ..nemesis import catalog
 from ..nemesis.core import Schedule
 from ..workloads.queue import QueueClient
 from .checking import check_with_progress
@@ -117,7 +118,8 @@ def run_test(spec: TestSpec, show_progress: bool = True) -> tuple[int, Path]:
         db = ReferenceBrokerDB(spec, {n: cluster.remotes[n] for n in nodes}, workdir, connect)
         db.setup()
         create_topics(spec, db.bootstrap)
-        nemeses, pairs = process_nemesis.build(spec.nemesis, db, nodes, spec.keys)
+        net = Net(cluster.remotes) if "partition" in spec.nemesis else None
+        nemeses, pairs = catalog.build(spec.nemesis, db, nodes, spec.keys, zk_nodes, net)
         schedule = Schedule(spec.seed, pairs, spec.nemesis_interval) if pairs else None
 
         def make_client(process: int) -> QueueClient:

@@ -55,3 +55,21 @@ def test_acks_1_loses_acknowledged_writes_when_the_leader_dies(tmp_path):
     witness = results["anomalies"][sorted(found)[0]][0]
     assert "acknowledged" in witness["explanation"]
     assert leftovers() == {"namespaces": [], "links": [], "processes": []}
+
+
+def test_partitions_and_pauses_on_a_cluster_with_acks_all_stay_valid_and_heal(tmp_path):
+    store = tmp_path / "store"
+    proc = faultline("run", "--nodes", "3", "--time-limit", "30", "--rate", "200", "--concurrency", "4",
+                     "--seed", "11", "--nemesis", "partition,pause-leader", "--nemesis-interval", "4",
+                     "--broker-set", "min.insync.replicas=2", "--store", str(store), "--no-progress", timeout=600)
+    run_dir = (store / "latest").resolve()
+    results = json.loads((run_dir / "results.json").read_text())
+    history = read_history(run_dir / "history.jsonl").ops
+    faults = [op for op in history if op["process"] == "nemesis" and op["type"] == "info"]
+    partitions = [op for op in faults if op["f"] == "start-partition"]
+    assert partitions, proc.stdout + proc.stderr
+    assert all("shape" in op["value"] and "grudge" in op["value"] for op in partitions)
+    heal = [op for op in faults if op["f"] == "heal"]
+    assert heal and "error" not in heal[-1], heal
+    assert results["valid"] is True, (results, proc.stdout)
+    assert leftovers() == {"namespaces": [], "links": [], "processes": []}
