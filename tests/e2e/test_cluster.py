@@ -14,9 +14,9 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces ne
 
 
 def run_with_leader_kills(store, seed: int, *extra: str) -> tuple[dict, list[dict], str]:
-    proc = faultline("run", "--nodes", "3", "--replication-factor", "3", "--time-limit", "25",
-                     "--rate", "3000", "--concurrency", "8", "--seed", str(seed),
-                     "--nemesis", "kill-leader", "--nemesis-interval", "3",
+    proc = faultline("run", "--nodes", "3", "--replication-factor", "3", "--time-limit", "30",
+                     "--rate", "3000", "--concurrency", "16", "--seed", str(seed),
+                     "--nemesis", "kill-leader", "--nemesis-interval", "2.5",
                      "--store", str(store), "--no-progress", *extra, timeout=600)
     run_dir = (store / "latest").resolve()
     results = json.loads((run_dir / "results.json").read_text())
