@@ -154,6 +154,11 @@ def main() -> int:
             if proc:
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(30)
+    return report(result)
+
+
+def report(result: dict) -> int:
+    """Print the figures; the exit status says whether every message was acknowledged and read back."""
     result["cpus"] = os.cpu_count()
     print(json.dumps(result, indent=2))
     runs = [r for r in (result.get("saturated"), result.get("paced")) if r]

@@ -13,8 +13,6 @@ queue. The target for a 3-node cluster is 5,000 msg/s.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import signal
 import socket
 import subprocess
@@ -23,8 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from confluent_kafka.admin import AdminClient
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from broker_throughput import bench  # noqa: E402
+from broker_throughput import bench, report  # noqa: E402
 
 from faultline.runner.zookeeper import LocalZooKeeper  # noqa: E402
 
@@ -57,7 +57,18 @@ def start_cluster(root: Path, zk_connect: str, nodes: int, settings: list[str]) 
                 if time.monotonic() > deadline:
                     raise SystemExit(f"the broker on {address} did not start within 30 s")
                 time.sleep(0.05)
-    return procs, ",".join(addresses)
+    bootstrap = ",".join(addresses)
+    # Ready once every broker has registered and one of them is the controller.
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    deadline = time.monotonic() + 60
+    while True:
+        md = admin.list_topics(timeout=10)
+        if len(md.brokers) == nodes and md.controller_id >= 0:
+            return procs, bootstrap
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the cluster did not form within 60 s: brokers {sorted(md.brokers)}, "
+                             f"controller {md.controller_id}")
+        time.sleep(0.2)
 
 
 def main() -> int:
@@ -95,10 +106,7 @@ def main() -> int:
                     p.kill()
             zk.stop()
     result["nodes"] = args.nodes
-    result["cpus"] = os.cpu_count()
-    print(json.dumps(result, indent=2))
-    runs = [r for r in (result.get("saturated"), result.get("paced")) if r]
-    return 0 if all(r["produce_errors"] == 0 and r["consumed"] == r["messages"] for r in runs) else 1
+    return report(result)
 
 
 if __name__ == "__main__":

@@ -9,15 +9,15 @@ test wants (duplicates, gaps, malformed frames) and to read exact answers.
 from __future__ import annotations
 
 import datetime
-import io
 import socket
 import struct
 
 from kio.index import load_response_schema
 from kio.schema.fetch.v12 import request as fetch_req
 from kio.schema.produce.v9 import request as pr_req
-from kio.serial import entity_reader, entity_writer
+from kio.serial import entity_reader
 
+from faultline.broker.codec import encode_request
 from faultline.broker.records import decode_records, iter_headers
 
 
@@ -41,15 +41,7 @@ class WireClient:
 
     def encode(self, payload) -> tuple[int, bytes]:
         self.correlation_id += 1
-        header_cls = payload.__header_schema__
-        buf = io.BytesIO()
-        fields = dict(request_api_key=payload.__api_key__, request_api_version=payload.__version__,
-                      correlation_id=self.correlation_id)
-        if "client_id" in header_cls.__dataclass_fields__:
-            fields["client_id"] = self.client_id
-        entity_writer(header_cls)(buf, header_cls(**fields))
-        entity_writer(type(payload))(buf, payload)
-        return self.correlation_id, buf.getvalue()
+        return self.correlation_id, encode_request(payload, self.correlation_id, self.client_id)
 
     def send(self, payload) -> int:
         correlation_id, frame = self.encode(payload)

@@ -247,5 +247,18 @@ def encode_response(api_key: int, version: int, correlation_id: int, data: dict[
     return bytes(out)
 
 
+def encode_request(payload: Any, correlation_id: int, client_id: str) -> bytes:
+    """A request frame without its size prefix: the header the payload's version uses, then the payload."""
+    header_cls = payload.__header_schema__
+    fields = dict(request_api_key=payload.__api_key__, request_api_version=payload.__version__,
+                  correlation_id=correlation_id)
+    if "client_id" in header_cls.__dataclass_fields__:
+        fields["client_id"] = client_id
+    buf = io.BytesIO()
+    _writer(header_cls)(buf, header_cls(**fields))
+    _writer(type(payload))(buf, payload)
+    return buf.getvalue()
+
+
 def field_names(api_key: int, version: int) -> set[str]:
     return {f.name for f in dataclasses.fields(load_request_schema(api_key, version))}

@@ -10,13 +10,12 @@ replica fetcher does).
 from __future__ import annotations
 
 import asyncio
-import io
 import struct
 
 from kio.index import load_response_schema
-from kio.serial import entity_reader, entity_writer
+from kio.serial import entity_reader
 
-from .codec import build
+from .codec import build, encode_request
 
 
 class PeerError(Exception):
@@ -48,16 +47,7 @@ class PeerConnection:
         if self._writer is None:
             await self._connect(timeout)
         self._correlation += 1
-        payload = build(schema, fields)
-        header_cls = schema.__header_schema__
-        buf = io.BytesIO()
-        header = dict(request_api_key=schema.__api_key__, request_api_version=schema.__version__,
-                      correlation_id=self._correlation)
-        if "client_id" in header_cls.__dataclass_fields__:
-            header["client_id"] = self.client_id
-        entity_writer(header_cls)(buf, header_cls(**header))
-        entity_writer(schema)(buf, payload)
-        frame = buf.getvalue()
+        frame = encode_request(build(schema, fields), self._correlation, self.client_id)
         try:
             self._writer.write(struct.pack(">i", len(frame)) + frame)
             await self._writer.drain()

@@ -46,3 +46,10 @@ class Schedule:
 
     def delay(self) -> float:
         return self.interval * self.rng.uniform(0.5, 1.5)
+
+
+def leader_of_random_key(db, keys: list[str], rng: random.Random) -> tuple[str, str | None]:
+    """A random key ("topic/partition") and the node that leads it now (None if nobody does)."""
+    key = rng.choice(keys)
+    topic, _, partition = key.rpartition("/")
+    return key, db.leader(topic, int(partition))

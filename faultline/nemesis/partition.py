@@ -18,7 +18,7 @@ import random
 from typing import Any
 
 from . import grudges
-from .core import Op
+from .core import Op, leader_of_random_key
 
 
 class PartitionNemesis:
@@ -50,9 +50,7 @@ class PartitionNemesis:
         detail: dict[str, Any] = {"shape": shape}
         if shape.startswith("isolate"):
             if shape == "isolate-leader":
-                key = rng.choice(self.keys)
-                topic, _, partition = key.rpartition("/")
-                target = self.db.leader(topic, int(partition))
+                key, target = leader_of_random_key(self.db, self.keys, rng)
                 detail["leader_of"] = key
             elif shape == "isolate-controller":
                 target = self.db.controller()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from .core import Op
+from .core import Op, leader_of_random_key
 
 
 class KillNemesis:
@@ -33,9 +33,7 @@ class KillNemesis:
             if not live:
                 return {"nodes": [], "note": "every node is already down"}
             if self.target == "leader":
-                key = rng.choice(self.keys)
-                topic, _, partition = key.rpartition("/")
-                target = self.db.leader(topic, int(partition))
+                key, target = leader_of_random_key(self.db, self.keys, rng)
                 if target is None or target not in live:
                     return {"nodes": [], "key": key, "note": f"{key} has no live leader to kill"}
                 why = {"leader_of": key}
@@ -84,9 +82,7 @@ class PauseNemesis:
         why = {}
         target = rng.choice(running)
         if self.target == "leader" and self.keys:
-            key = rng.choice(self.keys)
-            topic, _, partition = key.rpartition("/")
-            target = self.db.leader(topic, int(partition))
+            key, target = leader_of_random_key(self.db, self.keys, rng)
             why = {"leader_of": key}
             if target is None or target not in running:
                 return {"nodes": [], **why, "note": f"{key} has no running leader to pause"}
