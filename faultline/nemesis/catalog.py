@@ -16,6 +16,9 @@ from .process import KillNemesis, PauseNemesis
 KINDS = {
     "kill": "SIGKILL a random broker, then restart it",
     "kill-leader": "SIGKILL the leader of a random partition, then restart it",
+    "kill-controller": "SIGKILL the controller, then restart it",
+    "kill-majority": "SIGKILL a random majority of the brokers, then restart them",
+    "kill-all": "SIGKILL every broker at once, then restart them",
     "pause": "SIGSTOP a random broker, then SIGCONT it",
     "pause-leader": "SIGSTOP the leader of a random partition, then SIGCONT it",
     "partition": "cut the network (isolate a broker, a leader or the controller; halves; bridge; "
@@ -30,8 +33,8 @@ def build(kinds: list[str], db, nodes: list[str], keys: list[str], zookeeper_nod
     for kind in kinds:
         if kind not in KINDS:
             raise ValueError(f"unknown nemesis {kind!r}; known: {', '.join(KINDS)}")
-        if kind in ("kill", "kill-leader"):
-            nemesis = KillNemesis(db, nodes, keys, "leader" if kind == "kill-leader" else "random")
+        if kind == "kill" or kind.startswith("kill-"):
+            nemesis = KillNemesis(db, nodes, keys, kind.partition("-")[2] or "random")
         elif kind in ("pause", "pause-leader"):
             nemesis = PauseNemesis(db, nodes, keys, "leader" if kind == "pause-leader" else "random")
         else:
@@ -41,7 +44,7 @@ def build(kinds: list[str], db, nodes: list[str], keys: list[str], zookeeper_nod
         clash = [f for f in nemesis.fs if f in by_f]
         if clash:
             raise ValueError(f"nemeses {', '.join(kinds)}: {kind} repeats faults another one already does; "
-                             f"choose one of kill/kill-leader and one of pause/pause-leader")
+                             f"choose one kill-* kind and one pause-* kind")
         for f in nemesis.fs:
             by_f[f] = nemesis
         pairs.append(nemesis.fs)

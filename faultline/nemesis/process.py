@@ -5,7 +5,9 @@ partition)` for the node leading a partition), the node names and the
 test's keys ("topic/partition"). Out: `kill` kills a broker and reports which
 node, why it was chosen and the signal; `start` restarts every broker this
 nemesis killed and reports which. The target is a random live node
-(`kill`) or the current leader of a random key (`kill-leader`).
+(`kill`), the current leader of a random key (`kill-leader`), the controller
+(`kill-controller`), a random majority (`kill-majority`) or every broker at
+once (`kill-all`). `pause`/`pause-leader` SIGSTOP a broker and SIGCONT it.
 """
 
 from __future__ import annotations
@@ -32,17 +34,27 @@ class KillNemesis:
             live = [n for n in self.nodes if n not in self.killed]
             if not live:
                 return {"nodes": [], "note": "every node is already down"}
+            why: dict[str, Any] = {}
             if self.target == "leader":
                 key, target = leader_of_random_key(self.db, self.keys, rng)
                 if target is None or target not in live:
                     return {"nodes": [], "key": key, "note": f"{key} has no live leader to kill"}
-                why = {"leader_of": key}
+                targets, why = [target], {"leader_of": key}
+            elif self.target == "controller":
+                target = self.db.controller()
+                if target is None or target not in live:
+                    return {"nodes": [], "note": "no live controller to kill"}
+                targets, why = [target], {"controller": True}
+            elif self.target == "majority":
+                targets = sorted(rng.sample(live, min(len(live), len(self.nodes) // 2 + 1)))
+            elif self.target == "all":
+                targets = sorted(live)
             else:
-                target = rng.choice(live)
-                why = {}
-            self.db.kill(target)
-            self.killed.append(target)
-            return {"nodes": [target], "signal": "SIGKILL", **why}
+                targets = [rng.choice(live)]
+            for target in targets:
+                self.db.kill(target)
+                self.killed.append(target)
+            return {"nodes": targets, "signal": "SIGKILL", **why}
         if op["f"] == "start":
             return self.heal()
         raise ValueError(f"KillNemesis cannot perform {op['f']!r}")

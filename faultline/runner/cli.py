@@ -19,6 +19,7 @@ its own Kafka-wire-compatible reference broker under test.
 
   faultline run       run a test: nodes, brokers, workload, faults, then a verdict
   faultline check     check stored histories again (no cluster needed)
+  faultline repro     rerun a stored test from its test.json (same seed, same schedule)
   faultline cleanup   remove what an interrupted or killed run left behind
   faultline broker    run one reference broker in the foreground
 """
@@ -29,6 +30,7 @@ examples:
   faultline run --time-limit 20 --rate 200 --seed 42
   faultline run --producer acks=0 --producer enable.idempotence=false --nemesis kill --nemesis-interval 5
   faultline run --config my-test.toml            # the same names as the flags, e.g. rate = 50
+  faultline run --nodes 3 --nemesis kill-leader,partition --broker-set min.insync.replicas=2
 
 The run's files go to store/<name>/<timestamp>/ (store/latest points at the
 newest): test.json, history.jsonl, results.json, nodes/<node>/broker.log.
@@ -81,6 +83,29 @@ def cmd_run(args: argparse.Namespace) -> int:
         print("faultline run: the local backend makes a network namespace per node, which needs root; "
               "run it as root (for example with sudo)", file=sys.stderr)
         return 2
+    status, _ = run_test(spec, show_progress=not args.no_progress)
+    return status
+
+
+def cmd_repro(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from ..models.spec import SpecError, load_stored
+    from .run import run_test
+
+    try:
+        spec = load_stored(args.store_dir)
+    except (SpecError, TypeError, ValueError) as exc:
+        print(f"faultline repro: {exc}", file=sys.stderr)
+        return 2
+    if args.store:
+        spec = dataclasses.replace(spec, store=args.store)
+    if spec.backend == "local" and os.geteuid() != 0:
+        print("faultline repro: the local backend needs root (a network namespace per node); run it as root",
+              file=sys.stderr)
+        return 2
+    print(f"faultline repro: rerunning {args.store_dir} (seed {spec.seed}): same workload and fault schedule, "
+          f"timing aside")
     status, _ = run_test(spec, show_progress=not args.no_progress)
     return status
 
@@ -157,6 +182,18 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--no-progress", action="store_true", help="no progress line")
     check.set_defaults(func=cmd_check)
 
+    repro = sub.add_parser("repro", help="rerun a stored test from its test.json",
+                           description="Run a stored test again: the same spec, seed included, so the same "
+                                       "workload and nemesis schedule (timing aside). The new run gets its own "
+                                       "store folder beside the old one.",
+                           epilog="example:\n  faultline repro store/queue/20261122T120459.770\n"
+                                  "  faultline repro store/latest --store /tmp/again",
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    repro.add_argument("store_dir", metavar="STORE_DIR", help="a run's store folder (it holds test.json)")
+    repro.add_argument("--store", metavar="DIR", help="store the new run here instead (default: the old spec's)")
+    repro.add_argument("--no-progress", action="store_true", help="no progress line")
+    repro.set_defaults(func=cmd_repro)
+
     clean = sub.add_parser("cleanup", help="remove namespaces, links and processes an earlier run left",
                            description="Find and remove what an interrupted or killed faultline run left on "
                                        "this machine: its network namespaces (and every process in them), "
@@ -180,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    if args.command in ("run", "check"):
+    if args.command in ("run", "check", "repro"):
         logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     return args.func(args)
 

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 
 import pytest
 
+from faultline.control.wait import wait_until
 from faultline.models.history import read_history
-from tests.e2e.test_run import faultline, leftovers
+from tests.e2e.test_run import REPO, faultline, leftovers
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 
@@ -73,3 +77,36 @@ def test_partitions_and_pauses_on_a_cluster_with_acks_all_stay_valid_and_heal(tm
     assert heal and "error" not in heal[-1], heal
     assert results["valid"] is True, (results, proc.stdout)
     assert leftovers() == {"namespaces": [], "links": [], "processes": []}
+
+
+def test_cleanup_after_the_harness_is_killed_mid_partition(tmp_path):
+    store = tmp_path / "store"
+    run = subprocess.Popen([sys.executable, "-m", "faultline.runner.cli", "run", "--nodes", "3",
+                            "--time-limit", "120", "--nemesis", "partition", "--nemesis-interval", "1",
+                            "--store", str(store), "--no-progress"], cwd=REPO,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        history = store / "queue" / "latest" / "history.jsonl"
+
+        def partitioned() -> bool:
+            return history.exists() and any('"start-partition"' in line and '"info"' in line
+                                            for line in history.read_text().splitlines())
+
+        wait_until(partitioned, 120, "the run never partitioned its network")
+        before = leftovers()
+        assert len(before["namespaces"]) == 4, before  # n1..n3 and zk1
+        namespace = next(n.split()[0] for n in before["namespaces"] if n.split()[0].endswith("-n1"))
+        rules = subprocess.run(["ip", "netns", "exec", namespace, "iptables", "-S"], capture_output=True,
+                               text=True).stdout
+        assert "FAULTLINE" in rules
+        run.send_signal(signal.SIGKILL)
+        run.wait(10)
+        cleaned = faultline("cleanup")
+        assert cleaned.returncode == 0, cleaned.stderr
+        # The rules lived in the namespaces; with them gone, no rule, process or link is left.
+        assert leftovers() == {"namespaces": [], "links": [], "processes": []}, cleaned.stdout
+        assert "FAULTLINE" not in subprocess.run(["iptables", "-S"], capture_output=True, text=True).stdout
+    finally:
+        if run.poll() is None:
+            run.kill()
+        faultline("cleanup")
