@@ -89,3 +89,18 @@ def test_unknown_or_clashing_kinds_are_refused_with_the_known_ones():
         catalog.build(["explode"], RecordingDB(), NODES, KEYS)
     with pytest.raises(ValueError, match="choose one kill-"):
         catalog.build(["kill", "kill-all"], RecordingDB(), NODES, KEYS)
+
+
+def test_clock_bumps_write_each_chosen_node_offset_and_heal_resets_them_all(tmp_path):
+    db = RecordingDB()
+    db.clock_file = lambda node: tmp_path / f"{node}.faketime"
+    nemeses, pairs = catalog.build(["clock"], db, NODES, KEYS)
+    assert pairs == [("bump-clock", "reset-clock")]
+    value = nemeses["bump-clock"].invoke({"f": "bump-clock", "seed": 8})
+    offsets = value["offsets_s"]
+    assert offsets and all(1 <= abs(s) <= 60 for s in offsets.values())
+    for node, seconds in offsets.items():
+        assert (tmp_path / f"{node}.faketime").read_text() == f"{seconds:+d}\n"
+    healed = nemeses["reset-clock"].invoke({"f": "reset-clock"})
+    assert healed == {"offsets_s": {node: 0 for node in sorted(offsets)}}
+    assert all((tmp_path / f"{n}.faketime").read_text() == "+0\n" for n in NODES)

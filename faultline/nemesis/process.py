@@ -109,3 +109,43 @@ class PauseNemesis:
             resumed.append(node)
         self.paused = []
         return {"nodes": resumed, "signal": "SIGCONT"}
+
+
+class ClockNemesis:
+    """Step the wall clocks of random brokers by up to `max_skew` seconds either way; reset them.
+
+    The db gives each node's offset file (`clock_file(node)`), which its broker reads through
+    libfaketime."""
+
+    fs = ("bump-clock", "reset-clock")
+
+    def __init__(self, db, nodes: list[str], max_skew: int = 60):
+        self.db = db
+        self.nodes = list(nodes)
+        self.max_skew = max_skew
+        self.skewed: set[str] = set()
+
+    def invoke(self, op: Op) -> Any:
+        from ..control.clock import set_offset
+
+        if op["f"] == "reset-clock":
+            return self.heal()
+        if op["f"] != "bump-clock":
+            raise ValueError(f"ClockNemesis cannot perform {op['f']!r}")
+        rng = random.Random(op.get("seed", 0))
+        chosen = sorted(rng.sample(self.nodes, rng.randint(1, len(self.nodes))))
+        offsets = {}
+        for node in chosen:
+            offsets[node] = rng.choice([-1, 1]) * rng.randint(1, self.max_skew)
+            set_offset(self.db.clock_file(node), offsets[node])
+            self.skewed.add(node)
+        return {"offsets_s": offsets}
+
+    def heal(self) -> Any:
+        from ..control.clock import set_offset
+
+        for node in self.nodes:
+            set_offset(self.db.clock_file(node), 0)
+        reset = sorted(self.skewed)
+        self.skewed = set()
+        return {"offsets_s": {node: 0 for node in reset}}

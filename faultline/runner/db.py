@@ -90,9 +90,18 @@ class ReferenceBrokerDB:
     def log_path(self, node: str) -> Path:
         return self.node_dir(node) / "broker.log"
 
+    def clock_file(self, node: str) -> Path:
+        """The node's wall-clock offset, read by its broker through libfaketime (clock nemesis)."""
+        return self.node_dir(node) / "faketime"
+
     def start(self, node: str) -> int:
         remote = self.remotes[node]
-        pid = remote.spawn(DAEMON, self.command(node), self.log_path(node))
+        env = None
+        if "clock" in self.spec.nemesis:
+            from ..control.clock import environment
+
+            env = environment(self.clock_file(node))
+        pid = remote.spawn(DAEMON, self.command(node), self.log_path(node), env=env)
         log.info("started broker %d on %s (pid %d)", self.node_ids[node], node, pid)
         return pid
 
