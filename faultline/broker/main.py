@@ -82,6 +82,9 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         logging.getLogger("faultline.broker").error("cannot serve on %s:%d: %s", config.host, config.port, exc)
         return 1
+    except RuntimeError as exc:  # cannot join the cluster, e.g. ZooKeeper unreachable; the message says why
+        logging.getLogger("faultline.broker").error("%s", exc)
+        return 1
 
 
 def main(argv: list[str] | None = None) -> int:

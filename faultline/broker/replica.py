@@ -147,7 +147,7 @@ class ReplicaManager:
                 plog.high_watermark = min(hws.get((t.name, i), 0), plog.log_end_offset)
         self.zk = ZkStore(self.config["zookeeper.connect"], self.config["zookeeper.session.timeout.ms"],
                           self._wake.set)
-        await asyncio.to_thread(self.zk.start)
+        await asyncio.to_thread(self.zk.start, max(10.0, self.config["zookeeper.session.timeout.ms"] / 1000))
         self.state.adopt_cluster_id(await asyncio.to_thread(self.zk.cluster_id, self.state.cluster_id))
         host, port = self.config.advertised
         self.registration_czxid = await asyncio.to_thread(self.zk.register, self.me, host, port, self._stop)

@@ -271,3 +271,19 @@ def test_kip_101_truncating_to_the_high_watermark_loses_acknowledged_writes_and_
     else:
         assert vanished == [] and disagree == [] and sorted(old_log) == list(range(30))
         assert [leader_log[o] for o in range(30)] == [v.encode() for v, _, _ in acked + fresh]
+
+
+def test_an_unreachable_zookeeper_stops_the_broker_with_the_reason(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import free_port
+
+    proc = subprocess.run([sys.executable, "-m", "faultline.broker.main", "--node-id", "1", "--listen",
+                           f"127.0.0.1:{free_port()}", "--data-dir", str(tmp_path / "d"),
+                           "--set", f"zookeeper.connect=127.0.0.1:{free_port()}",
+                           "--set", "zookeeper.session.timeout.ms=2000"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "cannot reach ZooKeeper at zookeeper.connect=127.0.0.1:" in proc.stderr
+    assert "Traceback" not in proc.stderr
