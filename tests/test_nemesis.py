@@ -30,6 +30,11 @@ class RecordingDB:
     def wait_ready(self, node):
         pass
 
+    def stop(self, node):
+        self.calls.append(("stop", node))
+        self.down.add(node)
+        return 0
+
     def pause(self, node):
         self.calls.append(("pause", node))
 
@@ -104,3 +109,19 @@ def test_clock_bumps_write_each_chosen_node_offset_and_heal_resets_them_all(tmp_
     healed = nemeses["reset-clock"].invoke({"f": "reset-clock"})
     assert healed == {"offsets_s": {node: 0 for node in sorted(offsets)}}
     assert all((tmp_path / f"{n}.faketime").read_text() == "+0\n" for n in NODES)
+
+
+def test_a_rolling_restart_stops_and_starts_each_broker_in_turn_and_needs_no_repair():
+    from faultline.nemesis.core import Schedule
+
+    db = RecordingDB()
+    nemeses, pairs = catalog.build(["rolling-restart"], db, NODES, KEYS)
+    assert pairs == [("rolling-restart", None)]
+    value = nemeses["rolling-restart"].invoke({"f": "rolling-restart", "seed": 4})
+    assert sorted(value["nodes"]) == NODES and value["signal"] == "SIGTERM"
+    expected = [call for node in value["nodes"] for call in (("stop", node), ("start", node))]
+    assert db.calls == expected, "one broker at a time, each back before the next stops"
+    assert value == catalog.build(["rolling-restart"], RecordingDB(), NODES, KEYS)[0]["rolling-restart"].invoke(
+        {"f": "rolling-restart", "seed": 4}), "the seed fixes the order"
+    schedule = Schedule(1, pairs, 1.0)
+    assert [schedule.next_op()["f"] for _ in range(3)] == ["rolling-restart"] * 3

@@ -71,9 +71,9 @@ class Signal:
         fut = asyncio.get_running_loop().create_future()
         self._waiters.add(fut)
         try:
-            await asyncio.wait_for(fut, max(timeout, 0))
-        except asyncio.TimeoutError:
-            pass
+            # asyncio.wait, not wait_for: Python 3.11's wait_for can swallow a cancellation that
+            # races with the future's completion, and a shutdown must be able to cancel every waiter.
+            await asyncio.wait([fut], timeout=max(timeout, 0))
         finally:
             self._waiters.discard(fut)
 
@@ -191,9 +191,15 @@ class ReplicaManager:
         tasks = self._tasks + [r.fetcher for r in self.replicas.values() if r.fetcher is not None]
         await asyncio.gather(*tasks, return_exceptions=True)
         if self._thread is not None:
-            await asyncio.to_thread(self._thread.join, 5)
+            deadline = time.monotonic() + 5
+            while self._thread.is_alive() and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
         if self.zk is not None:
-            await asyncio.to_thread(self.zk.close)
+            # A thread of its own: the shared executor may be full of calls waiting on ZooKeeper.
+            closer = threading.Thread(target=self.zk.close, name="zookeeper-close", daemon=True)
+            closer.start()
+            while closer.is_alive():
+                await asyncio.sleep(0.05)
 
     # -- the ZooKeeper side (a thread) -------------------------------------------------
 

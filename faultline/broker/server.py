@@ -73,8 +73,16 @@ class BrokerServer:
         self._server.close()
         for task in list(self._connections):
             task.cancel()
-        await asyncio.gather(*self._connections, return_exceptions=True)
-        await self.replicas.stop()
+        # Bounded: a shutdown must reach the flush below even if a connection or the cluster
+        # session does not let go (the supervisor's SIGKILL would lose unflushed data).
+        try:
+            await asyncio.wait_for(asyncio.gather(*self._connections, return_exceptions=True), 5)
+        except asyncio.TimeoutError:
+            log.warning("connections did not close within 5 s; going on")
+        try:
+            await asyncio.wait_for(self.replicas.stop(), 10)
+        except asyncio.TimeoutError:
+            log.warning("leaving the cluster took more than 10 s; going on")
         self.state.shutdown()
         log.info("shut down cleanly: all partitions flushed, recovery checkpoint written")
 
@@ -165,5 +173,11 @@ def run(config: BrokerConfig) -> int:
             loop.add_signal_handler(sig, server.request_stop)
         await server.serve_until_stopped()
 
-    asyncio.run(main())
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        # Worker threads still blocked in a ZooKeeper call must not hold the exit: the logs are
+        # flushed and the checkpoint written, so the process may end now.
+        loop.close()
     return 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from .partition import PartitionNemesis
-from .process import ClockNemesis, KillNemesis, PauseNemesis
+from .process import ClockNemesis, KillNemesis, PauseNemesis, RollingRestartNemesis
 
 KINDS = {
     "kill": "SIGKILL a random broker, then restart it",
@@ -21,6 +21,7 @@ KINDS = {
     "kill-all": "SIGKILL every broker at once, then restart them",
     "pause": "SIGSTOP a random broker, then SIGCONT it",
     "pause-leader": "SIGSTOP the leader of a random partition, then SIGCONT it",
+    "rolling-restart": "stop every broker cleanly (SIGTERM) and start it again, one at a time",
     "clock": "step the wall clocks of random brokers by up to a minute either way (libfaketime), then reset them",
     "partition": "cut the network (isolate a broker, a leader or the controller; halves; bridge; "
                  "majorities ring) with iptables, then heal it",
@@ -38,6 +39,8 @@ def build(kinds: list[str], db, nodes: list[str], keys: list[str], zookeeper_nod
             nemesis = KillNemesis(db, nodes, keys, kind.partition("-")[2] or "random")
         elif kind in ("pause", "pause-leader"):
             nemesis = PauseNemesis(db, nodes, keys, "leader" if kind == "pause-leader" else "random")
+        elif kind == "rolling-restart":
+            nemesis = RollingRestartNemesis(db, nodes)
         elif kind == "clock":
             nemesis = ClockNemesis(db, nodes)
         else:
@@ -50,5 +53,5 @@ def build(kinds: list[str], db, nodes: list[str], keys: list[str], zookeeper_nod
                              f"choose one kill-* kind and one pause-* kind")
         for f in nemesis.fs:
             by_f[f] = nemesis
-        pairs.append(nemesis.fs)
+        pairs.append((nemesis.fs[0], nemesis.fs[1] if len(nemesis.fs) > 1 else None))
     return by_f, pairs

@@ -28,7 +28,8 @@ class Nemesis(Protocol):
 
 
 class Schedule:
-    """Fault, repair, fault, repair, ...: each fault kind is a (start, stop) pair of fs."""
+    """Fault, repair, fault, repair, ...: each fault kind is a (start, stop) pair of fs; a kind whose
+    fault ends by itself (a rolling restart) has no stop f."""
 
     def __init__(self, seed: int, pairs: list[tuple[str, str]], interval: float):
         self.rng = random.Random(f"{seed}/nemesis")
@@ -40,7 +41,7 @@ class Schedule:
         if self._pending_stop is not None:
             f, self._pending_stop = self._pending_stop, None
             return {"f": f}
-        start, stop = self.rng.choice(self.pairs)
+        start, stop = self.rng.choice(self.pairs)  # stop is None for a fault that repairs itself
         self._pending_stop = stop
         return {"f": start, "seed": self.rng.randrange(2**31)}
 

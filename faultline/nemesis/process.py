@@ -149,3 +149,32 @@ class ClockNemesis:
         reset = sorted(self.skewed)
         self.skewed = set()
         return {"offsets_s": {node: 0 for node in reset}}
+
+
+class RollingRestartNemesis:
+    """Stop every broker cleanly (SIGTERM: controlled shutdown) and start it again, one at a time,
+    in an order the op's seed picks; each waits until the restarted broker serves."""
+
+    fs = ("rolling-restart",)
+
+    def __init__(self, db, nodes: list[str]):
+        self.db = db
+        self.nodes = list(nodes)
+
+    def invoke(self, op: Op) -> Any:
+        if op["f"] != "rolling-restart":
+            raise ValueError(f"RollingRestartNemesis cannot perform {op['f']!r}")
+        order = random.Random(op.get("seed", 0)).sample(self.nodes, len(self.nodes))
+        statuses = {}
+        for node in order:
+            statuses[node] = self.db.stop(node)
+            self.db.start(node)
+            self.db.wait_ready(node)
+        return {"nodes": order, "signal": "SIGTERM", "exit_status": statuses}
+
+    def heal(self) -> Any:
+        restarted = [n for n in self.nodes if not self.db.running(n)]
+        for node in restarted:
+            self.db.start(node)
+            self.db.wait_ready(node)
+        return {"nodes": restarted}
