@@ -48,17 +48,24 @@ def test_acks_all_with_min_insync_2_survives_leader_kills(tmp_path):
 
 
 def test_acks_1_loses_acknowledged_writes_when_the_leader_dies(tmp_path):
-    # Seed 1 was found by searching seeds. Each leader kill drops what the followers had not yet
-    # fetched; whether a later write reuses those offsets (lost-write) or not (unseen: acknowledged,
-    # never read by the final reads) depends on timing, so either proves the loss.
-    results, history, output = run_with_leader_kills(
-        tmp_path / "store", 1, "--producer", "acks=1", "--producer", "enable.idempotence=false")
-    assert leader_kills(history), output
-    found = set(results["anomaly_types"]) & {"lost-write", "unseen"}
-    assert found, (results, output)
-    witness = results["anomalies"][sorted(found)[0]][0]
-    assert "acknowledged" in witness["explanation"]
-    assert leftovers() == {"namespaces": [], "links": [], "processes": []}
+    # A kill loses what the followers had not fetched yet, a window of a few milliseconds of
+    # writes, so whether a 30 s run hits it depends on timing. Seeds 1, 2 and 3 each showed it
+    # here in searching; the test tries the pinned seeds in turn and needs one run to show the
+    # loss: lost-write when a later write reuses the lost offsets, else unseen (acknowledged,
+    # never read by the final reads).
+    outputs = []
+    for seed in (1, 2):
+        results, history, output = run_with_leader_kills(
+            tmp_path / f"store-{seed}", seed, "--producer", "acks=1", "--producer", "enable.idempotence=false")
+        assert leader_kills(history), output
+        found = set(results["anomaly_types"]) & {"lost-write", "unseen"}
+        if found:
+            witness = results["anomalies"][sorted(found)[0]][0]
+            assert "acknowledged" in witness["explanation"]
+            assert leftovers() == {"namespaces": [], "links": [], "processes": []}
+            return
+        outputs.append((seed, results["counts"], results["stats"]))
+    pytest.fail(f"no run lost an acknowledged write: {outputs}")
 
 
 def test_partitions_and_pauses_on_a_cluster_with_acks_all_stay_valid_and_heal(tmp_path):
