@@ -110,9 +110,11 @@ class ZooKeeperDB:
                 raise RuntimeError(f"ZooKeeper on {node} exited; its log ends:\n{self._tail(node)}")
             if four_letter(remote.address, "ruok") != "imok":
                 return False
-            # In an ensemble a member answers ruok before a quorum has formed.
-            return not ensemble or any(m in four_letter(remote.address, "srvr")
-                                       for m in ("Mode: leader", "Mode: follower"))
+            # ruok is answered before the server serves clients (a standalone server still
+            # loading its database, an ensemble member before a quorum has formed); srvr names
+            # the mode only once it serves.
+            modes = ("Mode: leader", "Mode: follower") if ensemble else ("Mode: standalone",)
+            return any(m in four_letter(remote.address, "srvr") for m in modes)
 
         wait_until(serving, timeout,
                    f"ZooKeeper on {node} ({remote.address}:{CLIENT_PORT}) did not serve; see {self.log_path(node)}")
@@ -176,7 +178,7 @@ class LocalZooKeeper:
     def _serving(self) -> bool:
         if self.proc.poll() is not None:
             raise RuntimeError(f"ZooKeeper exited: {(self.root / 'zookeeper.log').read_text()[-2000:]}")
-        return four_letter("127.0.0.1", "ruok", port=self.port) == "imok"
+        return "Mode: standalone" in four_letter("127.0.0.1", "srvr", port=self.port)
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
