@@ -121,3 +121,22 @@ def test_cleanup_kills_a_zookeeper_its_harness_left(make_cluster, tmp_path):
     wait_until(lambda: not Path(f"/proc/{pid}").exists() or
                Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z",
                10, f"ZooKeeper (pid {pid}) survived faultline cleanup")
+
+
+def test_a_server_that_cannot_start_is_reported_at_once_with_its_log(make_cluster, tmp_path, monkeypatch):
+    import time
+
+    from faultline.runner import zookeeper
+
+    good = zookeeper.zoo_cfg
+    monkeypatch.setattr(zookeeper, "zoo_cfg", lambda *a, **k: good(*a, **k).replace("tickTime=500", "tickTime=soon"))
+    cluster = make_cluster(("zk1",))
+    zk = ZooKeeperDB(cluster.remotes, tmp_path / "work")
+    began = time.monotonic()
+    try:
+        with pytest.raises(RuntimeError, match=r"ZooKeeper on zk1 exited while starting; .*zookeeper.log ends") as err:
+            zk.setup()
+    finally:
+        zk.teardown(tmp_path / "store")
+    assert time.monotonic() - began < 30, "a server that exited was waited for until the timeout"
+    assert "tickTime" in str(err.value) or "Invalid config" in str(err.value)
