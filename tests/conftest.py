@@ -1,4 +1,5 @@
-"""Shared fixtures: reference brokers run as real `faultline broker` processes."""
+"""Shared fixtures: reference brokers run as real `faultline broker` processes, and a real
+ZooKeeper on 127.0.0.1 (`zookeeper`, its connect string) for tests of replicated brokers."""
 
 from __future__ import annotations
 
@@ -91,3 +92,15 @@ def broker_factory(tmp_path):
 @pytest.fixture
 def broker(broker_factory) -> BrokerProcess:
     return broker_factory()
+
+
+@pytest.fixture(scope="session")
+def zookeeper(tmp_path_factory):
+    """A ZooKeeper for the whole session (Debian's server, no namespace, no root); yields its
+    connect string. Tests share it, so each cluster keeps its znodes under a chroot of its own
+    (`zookeeper.connect=<connect>/<name>`)."""
+    from faultline.runner.zookeeper import LocalZooKeeper
+
+    zk = LocalZooKeeper(tmp_path_factory.mktemp("zookeeper")).start()
+    yield zk.connect
+    zk.stop()

@@ -30,6 +30,8 @@ MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 # stderr, which lands in the node's zookeeper.log; without a binding slf4j would drop it.
 CLASSPATH = "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar"
 JAR = Path("/usr/share/java/zookeeper.jar")
+# What a readiness check returns when the server has exited (see ZooKeeperDB.wait_ready).
+EXITED = "exited"
 
 
 def zoo_cfg(data_dir: Path, client_address: str, servers: dict[int, str], tick_ms: int = 500,
@@ -105,17 +107,23 @@ class ZooKeeperDB:
         remote = self.remotes[node]
         ensemble = len(self.remotes) > 1
 
-        def serving() -> bool:
+        def serving() -> str | bool:
+            # wait_until takes exceptions for "not yet", so an exit is returned and raised below:
+            # a server that cannot start is reported at once, not after the whole timeout.
             if remote.pid(DAEMON) is None:
-                raise RuntimeError(f"ZooKeeper on {node} exited; its log ends:\n{self._tail(node)}")
+                return EXITED
             if four_letter(remote.address, "ruok") != "imok":
                 return False
-            # In an ensemble a member answers ruok before a quorum has formed.
-            return not ensemble or any(m in four_letter(remote.address, "srvr")
-                                       for m in ("Mode: leader", "Mode: follower"))
+            # ruok is answered before the server serves clients (a standalone server still
+            # loading its database, an ensemble member before a quorum has formed); srvr names
+            # the mode only once it serves.
+            modes = ("Mode: leader", "Mode: follower") if ensemble else ("Mode: standalone",)
+            return any(m in four_letter(remote.address, "srvr") for m in modes)
 
-        wait_until(serving, timeout,
-                   f"ZooKeeper on {node} ({remote.address}:{CLIENT_PORT}) did not serve; see {self.log_path(node)}")
+        if wait_until(serving, timeout, f"ZooKeeper on {node} ({remote.address}:{CLIENT_PORT}) did not serve; "
+                                        f"see {self.log_path(node)}") == EXITED:
+            raise RuntimeError(f"ZooKeeper on {node} exited while starting; {self.log_path(node)} ends:\n"
+                               f"{self._tail(node)}")
 
     def _tail(self, node: str) -> str:
         path = self.log_path(node)
@@ -170,13 +178,17 @@ class LocalZooKeeper:
         cfg.write_text(zoo_cfg(data, "127.0.0.1", {}, client_port=self.port))
         with open(self.root / "zookeeper.log", "a") as out:
             self.proc = subprocess.Popen(java_command(cfg, self.root), stdout=out, stderr=subprocess.STDOUT)
-        wait_until(self._serving, 60, f"ZooKeeper did not serve on {self.connect}; see {self.root}/zookeeper.log")
+        if wait_until(self._serving, 60, f"ZooKeeper did not serve on {self.connect}; "
+                                         f"see {self.root}/zookeeper.log") == EXITED:
+            raise RuntimeError(f"ZooKeeper exited with status {self.proc.returncode} while starting; "
+                               f"{self.root}/zookeeper.log ends:\n"
+                               f"{(self.root / 'zookeeper.log').read_text(errors='replace')[-2000:]}")
         return self
 
-    def _serving(self) -> bool:
+    def _serving(self) -> str | bool:
         if self.proc.poll() is not None:
-            raise RuntimeError(f"ZooKeeper exited: {(self.root / 'zookeeper.log').read_text()[-2000:]}")
-        return four_letter("127.0.0.1", "ruok", port=self.port) == "imok"
+            return EXITED
+        return "Mode: standalone" in four_letter("127.0.0.1", "srvr", port=self.port)
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:

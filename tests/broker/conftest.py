@@ -24,16 +24,6 @@ def _close_leftover_files(tmp_path):
             pass
 
 
-@pytest.fixture(scope="session")
-def zookeeper(tmp_path_factory):
-    """A ZooKeeper for the whole session; each cluster uses its own chroot."""
-    from faultline.runner.zookeeper import LocalZooKeeper
-
-    zk = LocalZooKeeper(tmp_path_factory.mktemp("zookeeper")).start()
-    yield zk.connect
-    zk.stop()
-
-
 @pytest.fixture
 def cluster_factory(tmp_path, zookeeper):
     from tests.broker.cluster import Cluster
