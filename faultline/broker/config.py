@@ -104,6 +104,10 @@ SETTINGS: dict[str, Setting] = {
                 "a follower that has not caught up with the leader for this long leaves the ISR"),
         Setting("replica.fetch.wait.max.ms", _int_at_least(0, 60_000), 500,
                 "how long a follower's fetch waits at the leader for new data"),
+        Setting("replica.fetch.min.bytes", _int_at_least(1, 2**31 - 1), 1,
+                "bytes a follower's fetch waits for at the leader (up to replica.fetch.wait.max.ms) "
+                "before it is answered; larger values batch replication and widen the window acks=1 "
+                "writes live on the leader alone"),
         Setting("replica.fetch.max.bytes", _int_at_least(1, 2**31 - 1), 1048576,
                 "bytes a follower asks per partition and fetch"),
         Setting("replica.fetch.backoff.ms", _int_at_least(0, 600_000), 1000,

@@ -359,7 +359,10 @@ class Handlers:
         while True:
             responses, total = self._fetch_once(body, body.max_bytes, replica_id)
             remaining = deadline - time.monotonic()
-            if total >= body.min_bytes or remaining <= 0:
+            # As Kafka's delayed fetch, a partition error answers at once: waiting cannot fix it,
+            # and a follower must learn of a leader change without sitting out its whole wait.
+            errored = any(part.get("error_code") for t in responses for part in t["partitions"])
+            if total >= body.min_bytes or remaining <= 0 or errored:
                 return {"throttle_time": 0, "error_code": error, "session_id": 0, "responses": responses}
             await self.replicas.changed.wait(remaining)
 

@@ -568,7 +568,7 @@ class ReplicaManager:
         plog = r.log
         wait_ms = self.config["replica.fetch.wait.max.ms"]
         resp = await conn.request(FetchRequest, {
-            "replica_id": self.me, "max_wait": wait_ms, "min_bytes": 1,
+            "replica_id": self.me, "max_wait": wait_ms, "min_bytes": self.config["replica.fetch.min.bytes"],
             "max_bytes": self.config["replica.fetch.max.bytes"], "isolation_level": 0,
             "session_id": 0, "session_epoch": -1,
             "topics": [{"topic": r.topic, "partitions": [{

@@ -58,7 +58,8 @@ Definitions (shared/anomalies.md, made precise):
 - duplicate: a value at two or more offsets of a key; inconsistent-offsets:
   an offset of a key with two or more values; unexpected: a value a poll
   returned that no send (of any outcome, invocations included) sent to that key;
-- poll-skip / nonmonotonic-poll: consecutive `ok` polls of one process that
+- poll-skip / nonmonotonic-poll: consecutive polls (of any outcome: the
+  records a poll returned moved the consumer past them) of one process that
   returned records of a key, with no assign/subscribe (of any outcome) of
   that process between them; a = last offset of the earlier, b = first of
   the later: nonmonotonic if b <= a, skip if the log holds an offset in (a, b);
@@ -66,7 +67,8 @@ Definitions (shared/anomalies.md, made precise):
   offsets: the later one's first offset is below the earlier one's last;
 - uncommitted-read: the final log of a key is what the last chain that read
   it from the beginning returned (an `ok` assign with seek_to_beginning of a
-  process, then that process's `ok` polls up to its next assign/subscribe);
+  process, then that process's polls, of any outcome, up to its next
+  assign/subscribe);
   an `ok` poll's (offset, value) is uncommitted when the final log holds
   other values there, or nothing while it holds a higher offset. A key with
   no such chain cannot be judged (a note says so).
@@ -245,7 +247,7 @@ def _nonmonotonic_send(events: DataFrame) -> DataFrame:
 
 
 def _polls(events: DataFrame) -> list[DataFrame]:
-    """poll-skip and nonmonotonic-poll, from consecutive ok polls of a process and key in one epoch."""
+    """poll-skip and nonmonotonic-poll, from consecutive polls of a process and key in one epoch."""
     # Over the log of a key in descending offset order, a running minimum over
     # the higher offsets is the next offset the log holds; applied again, the
     # one after that; the dense rank counts the distinct offsets in between.
@@ -256,7 +258,8 @@ def _polls(events: DataFrame) -> list[DataFrame]:
         log = log.selectExpr("*", f"min(next{i - 1}) {above} AS next{i}")
     nexts = ", ".join(f"next{i}" for i in range(1, SKIPPED_SHOWN + 1))
     chain = "OVER (PARTITION BY process, epoch, key ORDER BY op)"
-    pairs = (log.filter("kind = 'r' AND type = 'ok'")
+    # Polls of any outcome: whatever records a poll returned moved the consumer past them.
+    pairs = (log.filter("kind = 'r'")
              .groupBy("process", "epoch", "key", "op")
              .agg(F.min_by("offset", "pos").alias("b"), F.min_by("rank", "pos").alias("rank_b"),
                   F.max_by(F.expr(f"struct(offset, rank, array({nexts}) AS nexts)"), "pos").alias("last"))
@@ -279,8 +282,11 @@ def _polls(events: DataFrame) -> list[DataFrame]:
 
 def _uncommitted_read(events: DataFrame) -> list[DataFrame]:
     """uncommitted-read witnesses, and (as internal rows) the keys no final chain covers."""
-    ok_reads = (
-        events.filter("kind = 'a' OR (kind = 'r' AND type = 'ok')")
+    # The final chain takes a poll's records whatever its outcome (a poll that
+    # reported an error may still have returned records, and the consumer's
+    # position moved past them); only `ok` polls are judged against it.
+    reads = (
+        events.filter("kind IN ('a', 'r')")
         # The last assign with seek_to_beginning naming the key begins its final chain.
         .selectExpr("*", "max(CASE WHEN kind = 'a' THEN struct(op, process, epoch) END) "
                          "OVER (PARTITION BY key) AS start")
@@ -290,6 +296,7 @@ def _uncommitted_read(events: DataFrame) -> list[DataFrame]:
                     "collect_set(CASE WHEN final THEN value END) OVER (PARTITION BY key, offset) AS fvalues",
                     "min(CASE WHEN final THEN struct(op, value) END) OVER (PARTITION BY key, offset) AS ffirst")
     )
+    ok_reads = reads.filter("type = 'ok'")
     rows = (ok_reads.groupBy("key", "offset", "value")
             .agg(F.min("op").alias("op"), F.first("fvalues").alias("fvalues"), F.first("ffirst").alias("ffirst"),
                  F.first("top").alias("top"), F.first("start").alias("start"))

@@ -3,11 +3,11 @@
 In: the db (start/kill/wait_ready/running by node name, and `leader(topic,
 partition)` for the node leading a partition), the node names and the
 test's keys ("topic/partition"). Out: `kill` kills a broker and reports which
-node, why it was chosen and the signal; `start` restarts every broker this
-nemesis killed and reports which. The target is a random live node
-(`kill`), the current leader of a random key (`kill-leader`), the controller
-(`kill-controller`), a random majority (`kill-majority`) or every broker at
-once (`kill-all`). `pause`/`pause-leader` SIGSTOP a broker and SIGCONT it.
+node, why it was chosen, the signal and the pid it killed; `start` restarts
+every broker this nemesis killed and reports which, with their new pids.
+The target is a random live node (`kill`), the current leader of a random
+key (`kill-leader`), the controller (`kill-controller`), a random majority
+(`kill-majority`) or every broker at once (`kill-all`). `pause`/`pause-leader` SIGSTOP a broker and SIGCONT it.
 """
 
 from __future__ import annotations
@@ -51,23 +51,24 @@ class KillNemesis:
                 targets = sorted(live)
             else:
                 targets = [rng.choice(live)]
+            pids = {}
             for target in targets:
-                self.db.kill(target)
+                pids[target] = self.db.kill(target)
                 self.killed.append(target)
-            return {"nodes": targets, "signal": "SIGKILL", **why}
+            return {"nodes": targets, "signal": "SIGKILL", **why, "pids": pids}
         if op["f"] == "start":
             return self.heal()
         raise ValueError(f"KillNemesis cannot perform {op['f']!r}")
 
     def heal(self) -> Any:
-        started = []
+        started, pids = [], {}
         for node in self.killed:
             if not self.db.running(node):
-                self.db.start(node)
+                pids[node] = self.db.start(node)
             self.db.wait_ready(node)
             started.append(node)
         self.killed = []
-        return {"nodes": started}
+        return {"nodes": started, "pids": pids}
 
 
 class PauseNemesis:

@@ -124,8 +124,11 @@ class ReferenceBrokerDB:
         for node in self.remotes:
             self.wait_ready(node)
 
-    def kill(self, node: str) -> None:
+    def kill(self, node: str) -> int | None:
+        """SIGKILL the node's broker; return the pid it had (None: it was not running)."""
+        pid = self.remotes[node].pid(DAEMON)
         self.remotes[node].kill(DAEMON)
+        return pid
 
     def stop(self, node: str) -> int | None:
         return self.remotes[node].stop(DAEMON, 20)

@@ -382,6 +382,24 @@ def test_uncommitted_read_of_an_offset_the_final_log_lacks(found):
 
 
 @scenario
+def final_chain_through_a_failed_poll(s):
+    k, p, c, final = s.key(), s.process(), s.process(), s.process()
+    s.send(p, [(k, 1, 0), (k, 2, 1), (k, 3, 2)])
+    s.assign(c, [k], seek=True)
+    s.poll(c, [(k, 0, 1), (k, 1, 2), (k, 2, 3)])
+    s.assign(final, [k], seek=True)
+    s.poll(final, [(k, 0, 1)])
+    s.poll(final, [(k, 1, 2)], "fail")  # reported an error, yet returned (and moved past) offset 1
+    s.poll(final, [(k, 2, 3)])
+
+
+def test_a_failed_poll_of_the_final_chain_still_shows_the_final_log(found):
+    # Judging only the ok polls of the final chain would find offset 1 missing
+    # from the final log and call c's read of it uncommitted.
+    assert found("final_chain_through_a_failed_poll")[0] == {}
+
+
+@scenario
 def final_read_stops_short(s):
     k, p, q, c, final = s.key(), s.process(), s.process(), s.process(), s.process()
     s.send(p, [(k, 1, 0)])

@@ -69,19 +69,33 @@ def test_healthy_run_is_valid(tmp_path):
     assert leftovers() == {"namespaces": [], "links": [], "processes": []}
 
 
-def test_acks_zero_with_broker_killed_reports_lost_or_unseen_writes(tmp_path):
+def test_each_kill_ends_the_broker_and_the_restarted_one_serves_again(tmp_path):
+    # Whether acks=0 loses writes to a kill is timing; tests/broker/test_acks.py shows that
+    # loss deterministically. What a run must show is that each kill ended the process (the
+    # restart has a new pid), that the restarted broker took writes again, and that a
+    # best-effort producer is judged by the best-effort model.
     store = tmp_path / "store"
-    # Frequent kills under load: acks=0 sends written into a connection whose broker has
-    # just died are reported delivered by librdkafka, and nobody reads them.
-    proc = faultline("run", "--time-limit", "20", "--rate", "1500", "--concurrency", "8", "--seed", "3",
+    proc = faultline("run", "--time-limit", "20", "--rate", "300", "--concurrency", "4", "--seed", "3",
                      "--producer", "acks=0", "--producer", "enable.idempotence=false",
-                     "--nemesis", "kill", "--nemesis-interval", "1.5", "--store", str(store), "--no-progress")
+                     "--nemesis", "kill", "--nemesis-interval", "3", "--store", str(store), "--no-progress")
+    assert proc.returncode in (0, 1), proc.stderr
     run_dir = (store / "latest").resolve()
     results = json.loads((run_dir / "results.json").read_text())
     history = read_history(run_dir / "history.jsonl").ops
-    kills = [op for op in history if op["process"] == "nemesis" and op["f"] == "kill" and op["type"] == "info"]
-    assert kills and all(op["value"]["nodes"] == ["n1"] for op in kills)
-    assert set(results["anomaly_types"]) & {"lost-write", "unseen"}, (results, proc.stdout)
+    faults = [op for op in history if op["process"] == "nemesis" and op["type"] == "info"]
+    kills = [op for op in faults if op["f"] == "kill"]
+    # A kill is undone by the schedule's next start, or by the heal that ends the run.
+    restarts = [(op, op["value"]) for op in faults if op["f"] == "start"]
+    restarts += [(op, op["value"]["KillNemesis"]) for op in faults if op["f"] == "heal"]
+    assert len(kills) >= 2, proc.stdout
+    for kill in kills:
+        assert kill["value"]["nodes"] == ["n1"] and kill["value"]["pids"]["n1"] > 0
+        start, started = min((r for r in restarts if r[0]["index"] > kill["index"]), key=lambda r: r[0]["index"])
+        assert started["pids"]["n1"] not in (None, kill["value"]["pids"]["n1"]), (kill, start)
+        if start["f"] == "start":
+            served = [op for op in history
+                      if op["index"] > start["index"] and op["f"] == "send" and op["type"] == "ok"]
+            assert served, f"no send succeeded after the restart at index {start['index']}"
     assert results["model"] == "best-effort"
     assert leftovers() == {"namespaces": [], "links": [], "processes": []}
 
