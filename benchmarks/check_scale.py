@@ -1,11 +1,13 @@
 """How `faultline check` scales with the size of a history.
 
 Writes synthetic, valid queue histories of the requested sizes (operations =
-invocations; each is two lines), then times `faultline check` on each in a
-fresh process and reports operations/s. Histories are kept in --dir, so a
+invocations; each is two lines), then times `faultline check` on each, with
+each engine (Spark, and plain Python where the history fits in memory), in a
+fresh process, and reports operations/s and which engine was faster at each
+size. Histories are kept in --dir, so a
 second run can skip generation with --reuse.
 
-    .venv/bin/python benchmarks/check_scale.py --ops 1000000 10000000
+    .venv/bin/python benchmarks/check_scale.py --ops 100000 1000000 10000000
 """
 
 from __future__ import annotations
@@ -80,36 +82,59 @@ def main() -> int:
                         help="history sizes in operations (default 100000 1000000)")
     parser.add_argument("--dir", default="/tmp/faultline-check-scale", help="where histories are written")
     parser.add_argument("--reuse", action="store_true", help="reuse histories already in --dir")
-    parser.add_argument("--engine", default=None, help="checker engine, if the check command offers several")
+    parser.add_argument("--engines", nargs="+", choices=("spark", "python"), default=["spark", "python"],
+                        help="checker engines to time on each history (default: both)")
+    parser.add_argument("--python-max-ops", type=int, default=3_000_000,
+                        help="skip the python engine above this many operations: it holds the whole "
+                             "history in memory (default 3000000)")
     parser.add_argument("--spark-master", default="local[2]")
     args = parser.parse_args()
     rows = []
     for n in args.ops:
-        folder = Path(args.dir) / f"ops-{n}"
-        folder.mkdir(parents=True, exist_ok=True)
-        history = folder / "history.jsonl"
-        if not (args.reuse and history.exists()):
-            started = time.perf_counter()
-            print(f"generating {n} operations into {history}", file=sys.stderr, flush=True)
-            generate(history, n)
-            print(f"  generated in {time.perf_counter() - started:.1f}s "
-                  f"({history.stat().st_size / 1e6:.0f} MB)", file=sys.stderr, flush=True)
-        cmd = [sys.executable, "-m", "faultline.runner.cli", "check", str(folder), "--spark-master",
-               args.spark_master]
-        if args.engine:
-            cmd += ["--engine", args.engine]
-        print(f"checking {n} operations: {' '.join(cmd[2:])}", file=sys.stderr, flush=True)
-        started = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        elapsed = time.perf_counter() - started
-        results = json.loads((folder / "results.json").read_text()) if (folder / "results.json").exists() else {}
-        rows.append({"ops": n, "engine": args.engine or "spark", "seconds": round(elapsed, 1),
-                     "ops_per_s": round(n / elapsed), "valid": results.get("valid"),
-                     "exit": proc.returncode, "history_mb": round(history.stat().st_size / 1e6)})
-        print(json.dumps(rows[-1]), flush=True)
-        if proc.returncode != 0:
-            print(proc.stdout[-2000:], proc.stderr[-2000:], file=sys.stderr)
+        history = history_for(args, n)
+        for engine in args.engines:
+            if engine == "python" and n > args.python_max_ops:
+                print(f"skipping the python engine on {n} operations (--python-max-ops {args.python_max_ops})",
+                      file=sys.stderr, flush=True)
+                continue
+            rows.append(measure(args, history, n, engine))
+    faster = {}
+    for r in rows:
+        if r["exit"] == 0 and (r["ops"] not in faster or r["seconds"] < faster[r["ops"]]["seconds"]):
+            faster[r["ops"]] = r
+    print(json.dumps({"faster_engine_by_ops": {n: r["engine"] for n, r in sorted(faster.items())}}), flush=True)
     return 0 if all(r["valid"] is True for r in rows) else 1
+
+
+def history_for(args: argparse.Namespace, n: int) -> Path:
+    folder = Path(args.dir) / f"ops-{n}"
+    folder.mkdir(parents=True, exist_ok=True)
+    history = folder / "history.jsonl"
+    if not (args.reuse and history.exists()):
+        started = time.perf_counter()
+        print(f"generating {n} operations into {history}", file=sys.stderr, flush=True)
+        generate(history, n)
+        print(f"  generated in {time.perf_counter() - started:.1f}s "
+              f"({history.stat().st_size / 1e6:.0f} MB)", file=sys.stderr, flush=True)
+    return history
+
+
+def measure(args: argparse.Namespace, history: Path, n: int, engine: str) -> dict:
+    folder = history.parent
+    cmd = [sys.executable, "-m", "faultline.runner.cli", "check", str(folder), "--spark-master",
+           args.spark_master, "--engine", engine, "--no-progress"]
+    print(f"checking {n} operations: {' '.join(cmd[2:])}", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    elapsed = time.perf_counter() - started
+    results = json.loads((folder / "results.json").read_text()) if (folder / "results.json").exists() else {}
+    row = {"ops": n, "engine": engine, "seconds": round(elapsed, 1),
+           "ops_per_s": round(n / elapsed), "valid": results.get("valid"),
+           "exit": proc.returncode, "history_mb": round(history.stat().st_size / 1e6)}
+    print(json.dumps(row), flush=True)
+    if proc.returncode != 0:
+        print(proc.stdout[-2000:], proc.stderr[-2000:], file=sys.stderr)
+    return row
 
 
 if __name__ == "__main__":

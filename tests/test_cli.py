@@ -39,7 +39,8 @@ def sends_and_reads(values_read: list[tuple[int, int]]) -> list[dict]:
     ]
 
 
-def test_check_gives_each_history_its_verdict_and_the_worst_exit_status(tmp_path):
+@pytest.mark.parametrize("engine", ["spark", "python"])
+def test_check_gives_each_history_its_verdict_and_the_worst_exit_status(tmp_path, engine):
     good, dup, broken = tmp_path / "good", tmp_path / "dup", tmp_path / "broken"
     for d in (good, dup, broken):
         d.mkdir()
@@ -50,7 +51,8 @@ def test_check_gives_each_history_its_verdict_and_the_worst_exit_status(tmp_path
         "\n".join(json.dumps(line) for line in lines[:3]) + "\n{not json\n" + json.dumps(lines[4]) + "\n")
 
     proc = subprocess.run([sys.executable, "-m", "faultline.runner.cli", "check", str(good), str(dup),
-                           str(broken), "--no-progress"], cwd=REPO, capture_output=True, text=True, timeout=600)
+                           str(broken), "--no-progress", "--engine", engine], cwd=REPO, capture_output=True,
+                          text=True, timeout=600)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     good_r = json.loads((good / "results.json").read_text())
     dup_r = json.loads((dup / "results.json").read_text())
@@ -66,8 +68,8 @@ def test_check_gives_each_history_its_verdict_and_the_worst_exit_status(tmp_path
 
     # The same duplicate under at-least-once is allowed: valid, and exit 0.
     proc = subprocess.run([sys.executable, "-m", "faultline.runner.cli", "check", str(dup), "--model",
-                           "at-least-once", "--no-progress"], cwd=REPO, capture_output=True, text=True,
-                          timeout=600)
+                           "at-least-once", "--no-progress", "--engine", engine], cwd=REPO, capture_output=True,
+                          text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     dup_r = json.loads((dup / "results.json").read_text())
     assert dup_r["anomaly_types"] == ["duplicate"] and dup_r["bad_anomaly_types"] == []

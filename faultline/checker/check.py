@@ -1,7 +1,8 @@
 """Check stored runs: history.jsonl (+ test.json) -> results.json, in one Spark session.
 
-In: store folders (or history files) and the Spark master; optionally a
-model name that overrides the one derived from each run's test.json.
+In: store folders (or history files), the engine (Spark, with its master, or
+plain Python); optionally a model name that overrides the one derived from
+each run's test.json.
 Out: for each path, its results (written to results.json beside the
 history) and exit status. A checker never crashes the run: an unreadable
 history or an analysis error becomes an `unknown` verdict with the reason.
@@ -54,9 +55,15 @@ def model_for(directory: Path, override: str | None) -> tuple[Model, str | None]
     return model_for_settings(spec.get("producer", {}), mode), None
 
 
+ENGINES = ("spark", "python")
+
+
 def check_paths(paths: list[str | Path], spark_master: str = "local[2]", model: str | None = None,
-                progress=None, spark=None) -> list[Checked]:
-    """`spark`: a session to use; by default one is started on the first readable history."""
+                progress=None, spark=None, engine: str = "spark") -> list[Checked]:
+    """`spark`: a session to use; by default one is started on the first readable history.
+    `engine`: "spark", or "python" (the plain-Python analysis, for histories that fit in memory)."""
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
     out = []
     for i, path in enumerate(paths):
         directory, history = locate(path)
@@ -69,12 +76,17 @@ def check_paths(paths: list[str | Path], spark_master: str = "local[2]", model: 
             if not history.exists():
                 raise HistoryError(history, None, "no such file: give a store folder holding history.jsonl, "
                                                   "or the path of a history file")
-            from ..history_analysis.anomalies import analyse
-            from ..history_analysis.session import get_session
+            if engine == "python":
+                from ..history_analysis.reference import analyse as analyse_python
 
-            if spark is None:
-                spark = get_session(spark_master)
-            analysis = analyse(spark, str(history), full_dir=str(directory / "anomalies"))
+                analysis = analyse_python(history, full_dir=directory / "anomalies")
+            else:
+                from ..history_analysis.anomalies import analyse
+                from ..history_analysis.session import get_session
+
+                if spark is None:
+                    spark = get_session(spark_master)
+                analysis = analyse(spark, str(history), full_dir=str(directory / "anomalies"))
             results = verdict(analysis, chosen)
             if note:
                 results.setdefault("notes", []).append(note)

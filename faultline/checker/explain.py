@@ -48,7 +48,7 @@ def _unseen(w):
     count = _fmt(w, "count", 0)
     values = ", ".join(str(v) for v in (w.get("values") or [])[:8])
     return (f"{count} acknowledged value(s) of {_fmt(w, 'key')} were never returned by any poll"
-            + (f" (e.g. {values})" if values else ""))
+            + (f" (e.g. {values}, sent by {_ops(w.get('ops'))})" if values else ""))
 
 
 def _poll_skip(w):
@@ -74,6 +74,40 @@ def _uncommitted(w):
             f"{_fmt(w, 'key')}, but the final log {now} there: the consumer saw data the cluster later discarded")
 
 
+def _aborted(w):
+    return (f"a poll ({_ops([w.get('read_op')])}) returned value {_fmt(w, 'value')} at offset {_fmt(w, 'offset')} "
+            f"of {_fmt(w, 'key')}, but the send of that value ({_ops([w.get('send_op')])}) certainly failed: "
+            f"an aborted write was read")
+
+
+def _precommitted(w):
+    return (f"operation {_fmt(w, 'op')} of process {_fmt(w, 'process')} polled value {_fmt(w, 'value')} of "
+            f"{_fmt(w, 'key')} (offset {_fmt(w, 'offset')}), which it had sent itself, before it committed")
+
+
+def _int_poll_skip(w):
+    return (f"one poll of process {_fmt(w, 'process')} ({_ops(w.get('ops'))}) returned offset "
+            f"{_fmt(w, 'prev_offset')} of {_fmt(w, 'key')} and then {_fmt(w, 'next_offset')}, skipping "
+            f"{_fmt(w, 'skipped_count', '')} offset(s) that exist")
+
+
+def _int_nonmonotonic_poll(w):
+    return (f"one poll of process {_fmt(w, 'process')} ({_ops(w.get('ops'))}) returned offset "
+            f"{_fmt(w, 'prev_offset')} of {_fmt(w, 'key')} and then went back to {_fmt(w, 'next_offset')}")
+
+
+def _int_send_skip(w):
+    return (f"one send of process {_fmt(w, 'process')} ({_ops(w.get('ops'))}) wrote values {_fmt(w, 'prev_value')} "
+            f"and {_fmt(w, 'next_value')} to {_fmt(w, 'key')} at offsets {_fmt(w, 'prev_offset')} and "
+            f"{_fmt(w, 'next_offset')}: other writes landed between them")
+
+
+def _int_nonmonotonic_send(w):
+    return (f"one send of process {_fmt(w, 'process')} ({_ops(w.get('ops'))}) wrote value {_fmt(w, 'prev_value')} "
+            f"to {_fmt(w, 'key')} at offset {_fmt(w, 'prev_offset')}, and its later value {_fmt(w, 'next_value')} "
+            f"at the lower offset {_fmt(w, 'next_offset')}")
+
+
 EXPLAINERS: dict[str, Callable[[dict], str]] = {
     "duplicate": _duplicate,
     "inconsistent-offsets": _inconsistent,
@@ -84,6 +118,12 @@ EXPLAINERS: dict[str, Callable[[dict], str]] = {
     "nonmonotonic-poll": _nonmonotonic_poll,
     "nonmonotonic-send": _nonmonotonic_send,
     "uncommitted-read": _uncommitted,
+    "G1a": _aborted,
+    "precommitted-read": _precommitted,
+    "int-poll-skip": _int_poll_skip,
+    "int-nonmonotonic-poll": _int_nonmonotonic_poll,
+    "int-send-skip": _int_send_skip,
+    "int-nonmonotonic-send": _int_nonmonotonic_send,
 }
 
 

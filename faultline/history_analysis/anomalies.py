@@ -79,35 +79,22 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
 from functools import reduce
 from pathlib import Path
-from typing import Any
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from .load import History, file_size, load_history
+from .result import SKIPPED_SHOWN, TYPES, UNEXPECTED_OPS, UNJUDGED_SHOWN, UNSEEN_VALUES, Analysis, unjudged_note
 from .session import sized_for
 
-TYPES = ("lost-write", "unseen", "duplicate", "inconsistent-offsets", "unexpected",
-         "poll-skip", "nonmonotonic-poll", "nonmonotonic-send", "uncommitted-read")
+__all__ = ["TYPES", "Analysis", "analyse"]
+
 # Keys whose reads no final chain covers travel with the witnesses under this
 # internal type, so one Spark job yields everything.
 _UNJUDGED = "_unjudged"
-UNEXPECTED_OPS = 16
-UNSEEN_VALUES = 8
-SKIPPED_SHOWN = 5
-UNJUDGED_SHOWN = 8
-
-
-@dataclass
-class Analysis:
-    counts: dict[str, int] = field(default_factory=dict)
-    examples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    stats: dict[str, int] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
 
 
 def _events(history: History) -> DataFrame:
@@ -160,7 +147,32 @@ def _value_flags(events: DataFrame) -> DataFrame:
         "max(kind = 's') OVER (PARTITION BY key, value) AS was_sent",
         "max(kind = 'r') OVER (PARTITION BY key, value) AS was_read",
         "max(kind = 'r' AND type = 'ok') OVER (PARTITION BY key, value) AS was_read_ok",
+        "max(kind = 's' AND type != 'fail') OVER (PARTITION BY key, value) AS sent_not_failed",
+        "min(CASE WHEN kind = 's' THEN op END) OVER (PARTITION BY key, value) AS send_op",
     )
+
+
+def _aborted_read(flags: DataFrame) -> DataFrame:
+    """G1a: values an ok poll returned whose every send failed."""
+    rows = (flags.filter("kind = 'r' AND type = 'ok' AND was_sent AND NOT sent_not_failed")
+            .groupBy("key", "value")
+            .agg(F.min_by("offset", F.struct("op", "pos")).alias("offset"), F.min("op").alias("read_op"),
+                 F.countDistinct("op").alias("reads"), F.first("send_op").alias("send_op")))
+    return _witness("G1a", rows,
+                    "'key', key, 'value', value, 'offset', offset, 'send_op', send_op, 'read_op', read_op, "
+                    "'reads', reads, 'ops', array(send_op, read_op)",
+                    "least(send_op, read_op)", "value")
+
+
+def _precommitted_read(events: DataFrame) -> DataFrame:
+    """An ok operation's poll returned a value that the same operation sent."""
+    rows = (events.filter("kind IN ('r', 's')")
+            .selectExpr("*", "max(kind = 's') OVER (PARTITION BY key, value, op) AS own")
+            .filter("kind = 'r' AND type = 'ok' AND own"))
+    return _witness("precommitted-read", rows,
+                    "'process', CAST(process AS LONG), 'key', key, 'op', op, 'value', value, 'offset', offset, "
+                    "'ops', array(op)",
+                    "op", "offset")
 
 
 def _duplicate_and_inconsistent(events: DataFrame) -> list[DataFrame]:
@@ -267,7 +279,26 @@ def _polls(events: DataFrame) -> list[DataFrame]:
              .filter("prev IS NOT NULL")
              .selectExpr("process", "key", "op", "prev_op", "prev.offset AS a", "b",
                          "prev.rank - rank_b - 1 AS skipped_count", "prev.nexts AS nexts"))
+    # Within one operation: consecutive records (or acknowledged sends) of a key, in the order returned.
+    within = "OVER (PARTITION BY op, key, kind ORDER BY pos)"
+    inner = (log.filter("kind = 'r' OR (kind = 's' AND type = 'ok')")
+             .selectExpr("*", f"lag(struct(offset, value, rank, array({nexts}) AS nexts)) {within} AS prev")
+             .filter("prev IS NOT NULL")
+             .selectExpr("kind", "process", "key", "op", "prev.offset AS a", "offset AS b", "prev.value AS va",
+                         "value AS vb", "prev.rank - rank - 1 AS skipped_count", "prev.nexts AS nexts"))
+    skip = "b > a + 1 AND skipped_count > 0"
+    skipped = "'skipped', filter(nexts, x -> x IS NOT NULL AND x < b), 'skipped_count', skipped_count, "
+    head = "'process', CAST(process AS LONG), 'key', key, 'op', op, 'prev_offset', a, 'next_offset', b, "
+    values = "'prev_value', va, 'next_value', vb, "
     return [
+        _witness("int-poll-skip", inner.filter(f"kind = 'r' AND {skip}"), head + skipped + "'ops', array(op)",
+                 "op", "a"),
+        _witness("int-nonmonotonic-poll", inner.filter("kind = 'r' AND b <= a"), head + "'ops', array(op)",
+                 "op", "b"),
+        _witness("int-send-skip", inner.filter(f"kind = 's' AND {skip}"),
+                 head + values + skipped + "'ops', array(op)", "op", "a"),
+        _witness("int-nonmonotonic-send", inner.filter("kind = 's' AND b <= a"),
+                 head + values + "'ops', array(op)", "op", "b"),
         _witness("poll-skip", pairs.filter("b > a + 1 AND skipped_count > 0"),
                  "'process', CAST(process AS LONG), 'key', key, 'prev_offset', a, 'next_offset', b, "
                  "'skipped', filter(nexts, x -> x IS NOT NULL AND x < b), 'skipped_count', skipped_count, "
@@ -328,7 +359,8 @@ def _analyse(spark: SparkSession, path: str, limit: int, full_dir: str | os.Path
         events = _events(history)
         flags = _value_flags(events)
         parts = [_lost_write(flags), _unseen(flags), *_duplicate_and_inconsistent(events), _unexpected(flags),
-                 *_polls(events), _nonmonotonic_send(events), *_uncommitted_read(events)]
+                 *_polls(events), _nonmonotonic_send(events), *_uncommitted_read(events), _aborted_read(flags),
+                 _precommitted_read(events)]
         witnesses = reduce(DataFrame.union, parts).persist(StorageLevel.MEMORY_AND_DISK)
         # Counts and the first `limit` witnesses of each type in one job.
         by_type = Window.partitionBy("type")
@@ -352,9 +384,7 @@ def _analyse(spark: SparkSession, path: str, limit: int, full_dir: str | os.Path
         if _UNJUDGED in counts:
             n = counts.pop(_UNJUDGED)
             row_counts.pop(_UNJUDGED)
-            shown = ", ".join(texts.pop(_UNJUDGED)) + (", ..." if n > UNJUDGED_SHOWN else "")
-            notes.append(f"uncommitted-read not judged for {n} key(s) ({shown}): no assign with "
-                         f"seek_to_beginning read them from the beginning")
+            notes.append(unjudged_note(texts.pop(_UNJUDGED), n))
         if full_dir is not None:
             _write_full(witnesses, Path(full_dir), row_counts, texts, limit)
         return Analysis(

@@ -326,7 +326,8 @@ def _validate(spark: SparkSession, path: str, parsed: DataFrame, persisted: list
         *[f"lag({col}) {chain} AS prev_{name}" for col, name in (
             ("type", "type"), ("f", "f"), ("index", "index"), ("time", "time"),
             ("seek_to_beginning", "seek"))],
-        "CAST(NULL AS ARRAY<STRUCT<f: STRING, key: STRING, value: BIGINT, offset: BIGINT, records: ARRAY<STRUCT<key: STRING, offset: BIGINT, value: BIGINT>>>>) AS prev_mops", "CAST(NULL AS ARRAY<STRING>) AS prev_keys", "CAST(NULL AS ARRAY<STRUCT<keys: ARRAY<STRING>>>) AS prev_rebalance_log",
+        # A completion that carries no mops/keys takes its invocation's.
+        *[f"lag({col}) {chain} AS prev_{col}" for col in ("mops", "keys", "rebalance_log")],
         f"lead(type) {chain} AS next_type",
         "CAST(sum(CASE WHEN type = 'invoke' AND f IN ('assign', 'subscribe') THEN 1 ELSE 0 END) OVER ("
         "PARTITION BY process ORDER BY line ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS BIGINT) AS epoch",

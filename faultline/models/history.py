@@ -43,6 +43,9 @@ class HistoryError(ValueError):
 class ReadResult:
     ops: list[Op]
     notes: list[str] = field(default_factory=list)
+    # How many of `ops` are lines of the file; the rest are `info` completions
+    # made up for invocations the history never completed.
+    lines: int = 0
 
 
 def _check_mops(op: Op, fail) -> None:
@@ -149,6 +152,7 @@ def read_history(path: str | Path) -> ReadResult:
                 fail(f"completion f {op['f']!r} does not match its invocation's {inv['f']!r} "
                      f"(index {inv['index']})")
         ops.append(op)
+    lines_read = len(ops)
     if open_ops:
         t = last_time or 0
         for process, inv in sorted(open_ops.items(), key=lambda kv: kv[1]["index"]):
@@ -156,7 +160,7 @@ def read_history(path: str | Path) -> ReadResult:
             done.update(index=len(ops), time=t, type="info", error="never completed: the history ends first")
             ops.append(done)
         notes.append(f"{len(open_ops)} invocation(s) never completed; counted as info")
-    return ReadResult(ops, notes)
+    return ReadResult(ops, notes, lines_read)
 
 
 class HistoryWriter:

@@ -8,6 +8,7 @@ results of `checker.check.check_paths`, with a progress line on stderr
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from ..checker.check import Checked, check_paths
@@ -26,7 +27,10 @@ def spark_status(spark) -> str:
 
 
 def check_with_progress(paths: list[str | Path], spark_master: str, model: str | None,
-                        show_progress: bool = True) -> list[Checked]:
+                        show_progress: bool = True, engine: str = "spark") -> list[Checked]:
+    if engine != "spark":
+        return check_paths(paths, spark_master, model, engine=engine,
+                           progress=(lambda text: print(text, file=sys.stderr)) if show_progress else None)
     from ..history_analysis.session import get_session
 
     state = {"what": "starting Spark", "spark": None}

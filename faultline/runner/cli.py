@@ -42,6 +42,7 @@ examples:
   faultline check store/latest
   faultline check store/queue/*/ --model at-least-once
   faultline check path/to/history.jsonl
+  faultline check path/to/history.jsonl --engine python
 
 Writes results.json beside each history. Exit status: 0 when every history is
 valid, 1 when any is invalid, 2 when any is unknown or could not be read.
@@ -114,7 +115,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from ..checker.verdict import summary
     from .checking import check_with_progress
 
-    checked = check_with_progress(args.paths, args.spark_master, args.model, not args.no_progress)
+    checked = check_with_progress(args.paths, args.spark_master, args.model, not args.no_progress, args.engine)
     for c in checked:
         print(summary(c.results, str(c.directory)))
     statuses = {c.status for c in checked}
@@ -179,6 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
                                        "(exactly-once, at-least-once, at-most-once, best-effort)")
     check.add_argument("--spark-master", default="local[2]", metavar="URL",
                        help="Spark master (default local[2]; e.g. spark://host:7077)")
+    check.add_argument("--engine", choices=("spark", "python"), default="spark",
+                       help="spark (default): PySpark, for histories of any size; python: the same "
+                            "analysis in plain Python, in memory, quicker to start on small histories")
     check.add_argument("--no-progress", action="store_true", help="no progress line")
     check.set_defaults(func=cmd_check)
 

@@ -18,12 +18,24 @@ Faults and what they must produce:
 - "unexpected": the log holds a value nobody sent -> {unexpected}.
 - "inconsistent": a poll by a fresh process returns, at an existing offset,
   the value of a failed send. A failed poll -> {inconsistent-offsets};
-  an ok poll -> {inconsistent-offsets, uncommitted-read} (the final log
-  holds the other value there, so the ok poll read something uncommitted).
+  an ok poll -> {inconsistent-offsets, uncommitted-read, G1a} (the final log
+  holds the other value there, so the ok poll read something uncommitted,
+  and what it read was sent by a failed send).
+- "aborted": a send is reported failed, yet its value is appended -> {G1a}
+  (the final reads return it).
+- "int-skip" / "int-rewind": a fresh process's ok poll returns two records
+  of a key out of step: offsets o, o+2 while o+1 exists -> {int-poll-skip};
+  o+1 then o -> {int-nonmonotonic-poll}.
+- "int-send-reorder": one ok send of two values to a key, acknowledged at
+  o+1 and o (the log holds them in that reverse order) -> {int-nonmonotonic-send}.
+- "int-send-skip": one ok send of two values to a key, acknowledged at o and
+  o+2, with a third value (an indeterminate send of another process)
+  between them -> {int-send-skip}.
 - "lost": an acknowledged record never becomes visible (readers step over
   its offset) -> {unseen}, plus lost-write when a later record of the key
   exists (the final read passes the offset), plus poll-skip when a poll
-  boundary falls on the hole (the acknowledged offset is in the log). The
+  boundary falls on the hole (the acknowledged offset is in the log), and
+  int-poll-skip when one poll returns records on both sides of it. The
   oracle below tracks consumer chains to know which.
 """
 
@@ -34,7 +46,8 @@ from dataclasses import dataclass, field
 
 from .histories import Builder
 
-FAULTS = (None, "duplicate", "unexpected", "inconsistent", "lost")
+FAULTS = (None, "duplicate", "unexpected", "inconsistent", "lost", "aborted", "int-skip", "int-rewind",
+          "int-send-reorder", "int-send-skip")
 
 
 @dataclass
@@ -129,6 +142,8 @@ class _Run:
             if got:
                 if k in c.last and got[0][1] > c.last[k] + 1:
                     self.expected.add("poll-skip")
+                if any(b[1] > a[1] + 1 for a, b in zip(got, got[1:])):
+                    self.expected.add("int-poll-skip")
                 c.last[k] = got[-1][1]
             records += got
         self.b.poll(c.process, records, "ok")
@@ -154,10 +169,38 @@ class _Run:
             self.b.send(slots[0].process, [(k, w, None)], "fail")
             type_ = r.choice(["ok", "fail"])
             self.b.poll(self.b.process(), [(k, o, w)], type_)
-            self.expected |= {"inconsistent-offsets"} | ({"uncommitted-read"} if type_ == "ok" else set())
+            self.expected |= {"inconsistent-offsets"} | ({"uncommitted-read", "G1a"} if type_ == "ok" else set())
             self.detail = {"key": k, "offset": o, "values": sorted([self.log[k][o].value, w]), "poll": type_}
         elif self.fault == "lost":
             self.hole_pending = True
+        elif self.fault == "aborted":
+            w = self.value()
+            self.b.send(slots[0].process, [(k, w, None)], "fail")
+            self.log[k].append(Entry(w))
+            self.expected.add("G1a")
+            self.detail = {"key": k, "value": w}
+        elif self.fault in ("int-skip", "int-rewind"):
+            seen = self.visible(k)
+            runs = [o for o in seen if o + 1 in seen and o + 2 in seen]
+            if runs:
+                o = r.choice(runs)
+                pair = [o, o + 2] if self.fault == "int-skip" else [o + 1, o]
+                self.b.poll(self.b.process(), [(k, p, self.log[k][p].value) for p in pair], "ok")
+                self.expected.add("int-poll-skip" if self.fault == "int-skip" else "int-nonmonotonic-poll")
+                self.detail = {"key": k, "offsets": pair}
+        elif self.fault == "int-send-reorder":
+            v1, v2, o = self.value(), self.value(), len(self.log[k])
+            self.log[k] += [Entry(v2), Entry(v1)]
+            self.b.send(slots[0].process, [(k, v1, o + 1), (k, v2, o)], "ok")
+            self.expected.add("int-nonmonotonic-send")
+            self.detail = {"key": k, "offsets": [o + 1, o]}
+        elif self.fault == "int-send-skip":
+            v1, w, v2, o = self.value(), self.value(), self.value(), len(self.log[k])
+            self.log[k] += [Entry(v1), Entry(w), Entry(v2)]
+            self.b.send(self.b.process(), [(k, w, None)], "info")
+            self.b.send(slots[0].process, [(k, v1, o), (k, v2, o + 2)], "ok")
+            self.expected.add("int-send-skip")
+            self.detail = {"key": k, "offsets": [o, o + 2]}
 
     def run(self, steps: int) -> None:
         r = self.rnd

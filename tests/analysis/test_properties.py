@@ -1,6 +1,7 @@
 """Property tests: histories of a correct broker show no anomaly; one injected
 fault shows exactly its anomaly types (see generate.py for what each fault
-must produce, and which types necessarily come with it).
+must produce, and which types necessarily come with it); and the Spark and
+plain-Python engines agree on every count, witness and note.
 
 Each Spark analysis costs seconds, so one generated history holds several
 independent scenarios (own keys, own processes), each with its own fault or
@@ -17,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from faultline.history_analysis.anomalies import analyse
+from faultline.history_analysis.reference import analyse as analyse_python
 from faultline.models.history import read_history, write_history
 
 from .conftest import by_scenario
@@ -35,6 +37,12 @@ def check(spark, faults, rnd, steps):
         write_history(path, b.lines)
         read_history(path)  # the generator writes valid histories
         analysis = analyse(spark, str(path), limit=100_000)
+        # Differential: the plain-Python engine, written separately, finds exactly the same.
+        oracle = analyse_python(path, limit=100_000)
+        assert analysis.counts == oracle.counts
+        for kind in set(analysis.examples) | set(oracle.examples):
+            assert analysis.examples.get(kind) == oracle.examples.get(kind), kind
+        assert (analysis.stats, analysis.notes) == (oracle.stats, oracle.notes)
         found = by_scenario(analysis.examples)
         for run in runs:
             got = found.get(run.name, {})

@@ -54,6 +54,7 @@ def test_defaults_are_kafkas(tmp_path):
         "zookeeper.session.timeout.ms": 18000,
         "replica.lag.time.max.ms": 30000,
         "replica.fetch.wait.max.ms": 500,
+        "replica.fetch.min.bytes": 1,
         "replica.fetch.max.bytes": 1048576,
         "replica.fetch.backoff.ms": 1000,
         "replica.high.watermark.checkpoint.interval.ms": 5000,

@@ -1,0 +1,387 @@
+"""The analysis in plain Python, in one process: history.jsonl -> Analysis.
+
+In: the path of a history (shared/history-format.md), read and validated by
+`faultline.models.history.read_history`.
+Out: the same `Analysis` the Spark engine (`anomalies.analyse`) gives:
+counts per anomaly type, the first `limit` witnesses of each in the shared
+order, operation statistics and notes; with `full_dir`, every witness in
+`full_dir/<type>.jsonl`. Malformed histories raise `HistoryError`.
+
+Each definition of `anomalies.py` is written out here directly, over lists
+and dicts, without sharing code with the Spark engine: this is the oracle
+the Spark engine is tested against, and `faultline check --engine python`
+for histories that fit in memory.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from ..models.history import read_history
+from .result import (SKIPPED_SHOWN, TYPES, UNEXPECTED_OPS, UNSEEN_VALUES, Analysis, unjudged_note,
+                     witness_json, witness_order)
+
+
+@dataclass
+class Event:
+    """One fact about a key: a record a poll returned ('r') or a send micro-operation ('s')."""
+    kind: str
+    key: str
+    op: int
+    process: Any
+    epoch: int
+    type: str
+    offset: int | None
+    value: int | None
+    pos: int
+
+
+@dataclass
+class Operation:
+    op: int
+    process: Any
+    type: str
+    f: str
+    mops: list
+    keys: list
+    seek: bool
+    epoch: int
+
+
+def operations(ops: list[dict], real: int) -> tuple[list[Operation], dict[str, int]]:
+    """Pair invocations with completions: (client operations, stats). `ops[real:]` are
+    the reader's made-up completions of invocations the history never completed."""
+    open_ops: dict[Any, dict] = {}
+    epochs: dict[Any, int] = defaultdict(int)
+    out: list[Operation] = []
+    stats = {"ops": 0, "ok": 0, "fail": 0, "info": 0}
+    for op in ops:
+        process = op["process"]
+        if op["type"] == "invoke":
+            open_ops[process] = op
+            if op["f"] in ("assign", "subscribe"):
+                epochs[process] += 1
+            if process != "nemesis":
+                stats["ops"] += 1
+            continue
+        inv = open_ops.pop(process)
+        if process == "nemesis":
+            continue
+        stats[op["type"]] += 1
+        # An operation the history never completed is named by its invocation.
+        index = inv["index"] if op["index"] >= real else op["index"]
+        mops = op.get("mops")
+        if mops is None:
+            mops = inv.get("mops")
+        keys = op.get("keys") if op.get("keys") is not None else inv.get("keys")
+        seek = op.get("seek_to_beginning")
+        seek = inv.get("seek_to_beginning") if seek is None else seek
+        out.append(Operation(index, process, op["type"], op["f"], mops or [], keys or [], bool(seek),
+                             epochs[process]))
+    return out, stats
+
+
+def events(ops: list[Operation]) -> tuple[list[Event], list[tuple[str, Operation]]]:
+    """Every send and read of the history, and each ok seek_to_beginning assign per key it names."""
+    out: list[Event] = []
+    seeks: list[tuple[str, Operation]] = []
+    for o in ops:
+        for mpos, mop in enumerate(o.mops):
+            if mop.get("f") == "poll":
+                for i, r in enumerate(mop.get("records") or []):
+                    out.append(Event("r", r["key"], o.op, o.process, o.epoch, o.type, r["offset"], r["value"],
+                                     mpos * 4294967296 + i))
+            else:
+                out.append(Event("s", mop["key"], o.op, o.process, o.epoch, o.type, mop.get("offset"),
+                                 mop.get("value"), mpos))
+        if o.type == "ok" and o.f == "assign" and o.seek:
+            for key in dict.fromkeys(o.keys):
+                seeks.append((key, o))
+    return out, seeks
+
+
+class Found:
+    """Witnesses by type, each with its sort key and weight."""
+
+    def __init__(self):
+        self.rows: dict[str, list[tuple[tuple, int, str]]] = defaultdict(list)
+
+    def add(self, kind: str, witness: dict, s1: int, s3: int, weight: int = 1) -> None:
+        text = witness_json(witness)
+        self.rows[kind].append((witness_order(s1, witness["key"], s3, text), weight, text))
+
+
+class Log:
+    """The distinct offsets each key's log is known to hold, sorted."""
+
+    def __init__(self, evs: Iterable[Event]):
+        offsets: dict[str, set[int]] = defaultdict(set)
+        for e in evs:
+            offsets[e.key].add(e.offset)
+        self.offsets = {k: sorted(v) for k, v in offsets.items()}
+
+    def between(self, key: str, a: int, b: int) -> list[int]:
+        """The log's offsets strictly between a and b."""
+        offs = self.offsets.get(key, [])
+        return offs[bisect.bisect_right(offs, a):bisect.bisect_left(offs, b)]
+
+
+def _in_log(e: Event) -> bool:
+    return e.kind == "r" or (e.kind == "s" and e.type == "ok" and e.offset is not None)
+
+
+def _skip_fields(log: Log, key: str, a: int, b: int) -> tuple[list[int], int]:
+    inside = log.between(key, a, b)
+    return inside[:SKIPPED_SHOWN], len(inside)
+
+
+def _duplicate_and_inconsistent(facts: dict[tuple, int], found: Found) -> None:
+    by_value: dict[tuple, list] = defaultdict(list)
+    by_offset: dict[tuple, list] = defaultdict(list)
+    for (key, offset, value), op in facts.items():
+        by_value[(key, value)].append((offset, op))
+        by_offset[(key, offset)].append((value, op))
+    for (key, value), e in by_value.items():
+        if len(e) >= 2:
+            e.sort()
+            found.add("duplicate", {"key": key, "value": value, "offsets": [o for o, _ in e],
+                                    "ops": [op for _, op in e]}, min(op for _, op in e), value)
+    for (key, offset), e in by_offset.items():
+        if len(e) >= 2:
+            e.sort()
+            found.add("inconsistent-offsets", {"key": key, "offset": offset, "values": [v for v, _ in e],
+                                               "ops": [op for _, op in e]}, min(op for _, op in e), offset)
+
+
+def _lost_and_unseen(evs: list[Event], found: Found) -> None:
+    read = {(e.key, e.value) for e in evs if e.kind == "r"}
+    read_ok = {(e.key, e.value) for e in evs if e.kind == "r" and e.type == "ok"}
+    # Jepsen's rule for indeterminate sends: one of whose values was read took effect, all of it.
+    took_effect = {e.op for e in evs if e.kind == "s" and e.type == "info" and (e.key, e.value) in read}
+    ok_reads: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for e in evs:
+        if e.kind == "r" and e.type == "ok":
+            ok_reads[e.key].append((e.offset, e.op))
+    # Per key, the earliest ok poll (by op) among those that returned an offset above o.
+    passed_above: dict[str, tuple[list[int], list[tuple[int, int]]]] = {}
+    for key, reads in ok_reads.items():
+        reads.sort()
+        offsets, best, running = [], [], None
+        for offset, op in reversed(reads):
+            running = (op, offset) if running is None or (op, offset) < running else running
+            offsets.append(offset)
+            best.append(running)
+        passed_above[key] = (offsets[::-1], best[::-1])
+    for e in evs:
+        if not (e.kind == "s" and e.offset is not None and (e.key, e.value) not in read
+                and (e.type == "ok" or (e.type == "info" and e.op in took_effect))):
+            continue
+        offsets, best = passed_above.get(e.key, ([], []))
+        i = bisect.bisect_right(offsets, e.offset)
+        if i < len(offsets):
+            read_op, read_offset = best[i]
+            found.add("lost-write", {"key": e.key, "value": e.value, "offset": e.offset, "send_op": e.op,
+                                     "read_op": read_op, "read_offset": read_offset, "ops": [e.op, read_op]},
+                      min(e.op, read_op), e.offset)
+    unseen: dict[str, list[Event]] = defaultdict(list)
+    for e in evs:
+        if e.kind == "s" and e.type == "ok" and (e.key, e.value) not in read_ok:
+            unseen[e.key].append(e)
+    for key, es in unseen.items():
+        first = sorted(es, key=lambda e: (e.op, e.pos))[:UNSEEN_VALUES]
+        found.add("unseen", {"key": key, "count": len(es), "values": [e.value for e in first],
+                             "offsets": [e.offset for e in first], "ops": [e.op for e in first]},
+                  first[0].op, 0, weight=len(es))
+
+
+def _unexpected_and_aborted(evs: list[Event], found: Found) -> None:
+    senders: dict[tuple, list[Event]] = defaultdict(list)
+    for e in evs:
+        if e.kind == "s":
+            senders[(e.key, e.value)].append(e)
+    unexpected: dict[tuple, list[Event]] = defaultdict(list)
+    aborted: dict[tuple, list[Event]] = defaultdict(list)
+    for e in evs:
+        if e.kind != "r":
+            continue
+        sends = senders.get((e.key, e.value))
+        if not sends:
+            unexpected[(e.key, e.value)].append(e)
+        elif e.type == "ok" and all(s.type == "fail" for s in sends):
+            aborted[(e.key, e.value)].append(e)
+    for (key, value), es in unexpected.items():
+        first = min(es, key=lambda e: (e.op, e.pos))
+        ops = sorted({e.op for e in es})
+        found.add("unexpected", {"key": key, "value": value, "offset": first.offset,
+                                 "offsets": sorted({e.offset for e in es}), "reads": len(ops),
+                                 "ops": ops[:UNEXPECTED_OPS]}, ops[0], value)
+    for (key, value), es in aborted.items():
+        first = min(es, key=lambda e: (e.op, e.pos))
+        send_op = min(s.op for s in senders[(key, value)])
+        found.add("G1a", {"key": key, "value": value, "offset": first.offset, "send_op": send_op,
+                          "read_op": first.op, "reads": len({e.op for e in es}), "ops": [send_op, first.op]},
+                  min(send_op, first.op), value)
+
+
+def _chains(evs: list[Event], log: Log, found: Found) -> None:
+    """poll-skip, nonmonotonic-poll (across polls) and nonmonotonic-send (across sends)."""
+    polls: dict[tuple, dict[int, list[Event]]] = defaultdict(lambda: defaultdict(list))
+    sends: dict[tuple, dict[int, list[Event]]] = defaultdict(lambda: defaultdict(list))
+    for e in evs:
+        if e.kind == "r":
+            polls[(e.process, e.epoch, e.key)][e.op].append(e)
+        elif e.type == "ok" and e.offset is not None:
+            sends[(e.process, e.key)][e.op].append(e)
+    for (process, _, key), by_op in polls.items():
+        prev = None
+        for op in sorted(by_op):
+            es = sorted(by_op[op], key=lambda e: e.pos)
+            if prev is not None:
+                prev_op, a = prev
+                b = es[0].offset
+                if b <= a:
+                    found.add("nonmonotonic-poll", {"process": process, "key": key, "prev_offset": a,
+                                                    "next_offset": b, "ops": [prev_op, op]}, prev_op, b)
+                elif b > a + 1:
+                    skipped, n = _skip_fields(log, key, a, b)
+                    if n:
+                        found.add("poll-skip", {"process": process, "key": key, "prev_offset": a,
+                                                "next_offset": b, "skipped": skipped, "skipped_count": n,
+                                                "ops": [prev_op, op]}, prev_op, a)
+            prev = (op, es[-1].offset)
+    for (process, key), by_op in sends.items():
+        prev = None
+        for op in sorted(by_op):
+            es = sorted(by_op[op], key=lambda e: e.pos)
+            if prev is not None and es[0].offset < prev[1]:
+                found.add("nonmonotonic-send", {"process": process, "key": key, "prev_offset": prev[1],
+                                                "next_offset": es[0].offset, "prev_value": prev[2],
+                                                "next_value": es[0].value, "ops": [prev[0], op]},
+                          prev[0], es[0].offset)
+            prev = (op, es[-1].offset, es[-1].value)
+
+
+def _within_operations(evs: list[Event], log: Log, found: Found) -> None:
+    """The int-* types and precommitted-read: facts inside one operation."""
+    reads: dict[tuple, list[Event]] = defaultdict(list)
+    sends: dict[tuple, list[Event]] = defaultdict(list)
+    sent_by_op: dict[int, set[tuple]] = defaultdict(set)
+    for e in evs:
+        if e.kind == "r":
+            reads[(e.op, e.key)].append(e)
+        else:
+            sent_by_op[e.op].add((e.key, e.value))
+            if e.type == "ok" and e.offset is not None:
+                sends[(e.op, e.key)].append(e)
+    for (op, key), es in reads.items():
+        es.sort(key=lambda e: e.pos)
+        for prev, e in zip(es, es[1:]):
+            a, b = prev.offset, e.offset
+            if b <= a:
+                found.add("int-nonmonotonic-poll", {"process": e.process, "key": key, "op": op, "prev_offset": a,
+                                                    "next_offset": b, "ops": [op]}, op, b)
+            elif b > a + 1:
+                skipped, n = _skip_fields(log, key, a, b)
+                if n:
+                    found.add("int-poll-skip", {"process": e.process, "key": key, "op": op, "prev_offset": a,
+                                                "next_offset": b, "skipped": skipped, "skipped_count": n,
+                                                "ops": [op]}, op, a)
+        if es[0].type == "ok":
+            own = sent_by_op.get(op, set())
+            for e in es:
+                if (e.key, e.value) in own:
+                    found.add("precommitted-read", {"process": e.process, "key": key, "op": op, "value": e.value,
+                                                    "offset": e.offset, "ops": [op]}, op, e.offset)
+    for (op, key), es in sends.items():
+        es.sort(key=lambda e: e.pos)
+        for prev, e in zip(es, es[1:]):
+            a, b = prev.offset, e.offset
+            fields = {"process": e.process, "key": key, "op": op, "prev_offset": a, "next_offset": b,
+                      "prev_value": prev.value, "next_value": e.value}
+            if b <= a:
+                found.add("int-nonmonotonic-send", {**fields, "ops": [op]}, op, b)
+            elif b > a + 1:
+                skipped, n = _skip_fields(log, key, a, b)
+                if n:
+                    found.add("int-send-skip", {**fields, "skipped": skipped, "skipped_count": n, "ops": [op]},
+                              op, a)
+
+
+def _uncommitted(evs: list[Event], seeks: list[tuple[str, Operation]], found: Found) -> list[str]:
+    """uncommitted-read witnesses; returns the keys no final chain covers."""
+    start: dict[str, Operation] = {}
+    for key, o in seeks:
+        if key not in start or o.op > start[key].op:
+            start[key] = o
+    top: dict[str, int] = {}
+    final: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
+    for e in evs:
+        s = start.get(e.key)
+        if e.kind == "r" and s is not None and e.process == s.process and e.epoch == s.epoch:
+            top[e.key] = max(top.get(e.key, e.offset), e.offset)
+            final[(e.key, e.offset)].append((e.op, e.value))
+    first_read: dict[tuple, int] = {}
+    ok_keys = set()
+    for e in evs:
+        if e.kind == "r" and e.type == "ok":
+            ok_keys.add(e.key)
+            k = (e.key, e.offset, e.value)
+            first_read[k] = min(first_read.get(k, e.op), e.op)
+    for (key, offset, value), op in first_read.items():
+        if key not in top:
+            continue
+        there = final.get((key, offset), [])
+        values = {v for _, v in there}
+        if (values and value not in values) or (not values and top[key] > offset):
+            first = min(there) if there else None
+            other = first[0] if first else start[key].op
+            found.add("uncommitted-read", {"key": key, "offset": offset, "value": value,
+                                           "final_value": first[1] if first else None,
+                                           "final_op": first[0] if first else None,
+                                           "final_assign": start[key].op, "ops": [op, other]},
+                      min(op, other), offset)
+    return sorted(ok_keys - set(top))
+
+
+def analyse(path: str | Path, limit: int = 32, full_dir: str | Path | None = None) -> Analysis:
+    """Find the anomalies of the history at `path`; see the module docstring."""
+    history = read_history(path)
+    ops, stats = operations(history.ops, history.lines)
+    evs, seeks = events(ops)
+    log = Log(e for e in evs if _in_log(e))
+    facts: dict[tuple, int] = {}
+    for e in evs:
+        if _in_log(e):
+            k = (e.key, e.offset, e.value)
+            facts[k] = min(facts.get(k, e.op), e.op)
+    found = Found()
+    _lost_and_unseen(evs, found)
+    _duplicate_and_inconsistent(facts, found)
+    _unexpected_and_aborted(evs, found)
+    _chains(evs, log, found)
+    _within_operations(evs, log, found)
+    unjudged = _uncommitted(evs, seeks, found)
+
+    notes = list(history.notes)
+    if unjudged:
+        notes.append(unjudged_note(unjudged, len(unjudged)))
+    counts, examples = {}, {}
+    for t in TYPES:
+        rows = sorted(found.rows.get(t, []))
+        if rows:
+            counts[t] = sum(w for _, w, _ in rows)
+            if limit > 0:
+                examples[t] = [json.loads(text) for _, _, text in rows[:limit]]
+    if full_dir is not None:
+        directory = Path(full_dir)
+        directory.mkdir(parents=True, exist_ok=True)
+        for t in TYPES:
+            tmp = directory / f".{t}.jsonl.tmp"
+            tmp.write_text("".join(text + "\n" for _, _, text in sorted(found.rows.get(t, []))))
+            tmp.replace(directory / f"{t}.jsonl")
+    return Analysis(counts=counts, examples=examples, stats=stats, notes=notes)

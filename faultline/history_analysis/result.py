@@ -1,0 +1,48 @@
+"""What an analysis engine hands the checker, whichever engine it is.
+
+In: nothing (definitions only; no Spark import, so the plain-Python engine
+and the checker can use them without starting a JVM).
+Out: `TYPES`, the anomaly types the engines find, in report order;
+`Analysis`, their result (counts, example witnesses, stats, notes); and
+`witness_order`, the order in which both engines list witnesses, so that
+their examples and their `anomalies/<type>.jsonl` files agree line for line.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+TYPES = ("lost-write", "unseen", "duplicate", "inconsistent-offsets", "unexpected",
+         "poll-skip", "nonmonotonic-poll", "nonmonotonic-send", "uncommitted-read",
+         "G1a", "precommitted-read", "int-poll-skip", "int-nonmonotonic-poll", "int-send-skip",
+         "int-nonmonotonic-send")
+UNEXPECTED_OPS = 16
+UNSEEN_VALUES = 8
+SKIPPED_SHOWN = 5
+UNJUDGED_SHOWN = 8
+
+
+@dataclass
+class Analysis:
+    counts: dict[str, int] = field(default_factory=dict)
+    examples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    stats: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def witness_json(witness: dict[str, Any]) -> str:
+    """A witness as the engines write it: compact JSON, fields in their documented order."""
+    return json.dumps(witness, separators=(",", ":"))
+
+
+def witness_order(s1: int, key: str, s3: int, text: str) -> tuple:
+    """Witnesses sort by (first operation, key, a per-type number, their JSON text)."""
+    return (s1, key, s3, text)
+
+
+def unjudged_note(keys: list[str], count: int) -> str:
+    shown = ", ".join(keys[:UNJUDGED_SHOWN]) + (", ..." if count > UNJUDGED_SHOWN else "")
+    return (f"uncommitted-read not judged for {count} key(s) ({shown}): no assign with "
+            f"seek_to_beginning read them from the beginning")
