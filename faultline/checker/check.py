@@ -18,6 +18,7 @@ from typing import Any
 
 from ..models.guarantees import STRICTEST, Model, model_for_settings, model_named
 from ..models.history import HistoryError
+from .cycles import add_cycles
 from .verdict import exit_status, unknown, verdict, write_results
 
 log = logging.getLogger("faultline.checker")
@@ -87,7 +88,7 @@ def check_paths(paths: list[str | Path], spark_master: str = "local[2]", model: 
                 if spark is None:
                     spark = get_session(spark_master)
                 analysis = analyse(spark, str(history), full_dir=str(directory / "anomalies"))
-            results = verdict(analysis, chosen)
+            results = verdict(add_cycles(analysis, full_dir=directory / "anomalies"), chosen)
             if note:
                 results.setdefault("notes", []).append(note)
         except HistoryError as exc:

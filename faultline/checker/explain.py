@@ -108,6 +108,15 @@ def _int_nonmonotonic_send(w):
             f"at the lower offset {_fmt(w, 'next_offset')}")
 
 
+def _cycle(w):
+    said = {"ww": "wrote {key} before", "wr": "wrote a value of {key} that was read by"}
+    steps = "; ".join(f"op {st['from']} " + said.get(st["type"], "precedes ({key})").format(key=st["key"])
+                      + f" op {st['to']}" for st in (w.get("steps") or [])[:8])
+    more = f"; ... ({len(w['steps']) - 8} more steps)" if len(w.get("steps") or []) > 8 else ""
+    return (f"{len(w.get('ops') or [])} operations form a dependency cycle ({_ops(w.get('ops'))}; "
+            f"{_fmt(w, 'size')} in its component): {steps}{more}, back to the first")
+
+
 EXPLAINERS: dict[str, Callable[[dict], str]] = {
     "duplicate": _duplicate,
     "inconsistent-offsets": _inconsistent,
@@ -124,6 +133,8 @@ EXPLAINERS: dict[str, Callable[[dict], str]] = {
     "int-nonmonotonic-poll": _int_nonmonotonic_poll,
     "int-send-skip": _int_send_skip,
     "int-nonmonotonic-send": _int_nonmonotonic_send,
+    "G0": _cycle,
+    "G1c": _cycle,
 }
 
 

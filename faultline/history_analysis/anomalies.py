@@ -345,6 +345,34 @@ def _uncommitted_read(events: DataFrame) -> list[DataFrame]:
     ]
 
 
+def _dependencies(events: DataFrame) -> DataFrame:
+    """The write-write and write-read dependencies between operations that can lie on a cycle.
+
+    Columns src, dst (operations), kind ('ww' or 'wr') and key; see result.py
+    for the definition the Python engine shares."""
+    at = events.filter(_LOG).groupBy("key", "value").agg(F.min("offset").alias("at"))
+    writes = (events.filter("kind = 's' AND type != 'fail'").select("key", "value", "op")
+              .join(at, ["key", "value"]))
+    writers = writes.groupBy("key", "op").agg(F.min("at").alias("at"))
+    readers = events.filter("kind = 'r' AND type = 'ok'").select("key", "value", F.col("op").alias("reader"))
+    hubs = (writers.groupBy("op").agg(F.count(F.lit(1)).alias("keys"))
+            .join(readers.select(F.col("reader").alias("op")).distinct().withColumn("reads", F.lit(True)),
+                  "op", "left")
+            .filter("keys >= 2 OR reads").select("op", F.lit(True).alias("hub")))
+    chain = (writers.join(hubs, "op", "left")
+             .selectExpr("*", "last(CASE WHEN hub THEN op END, true) OVER (PARTITION BY key ORDER BY at, op "
+                              "ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS via"))
+    ww = (chain.filter("hub")
+          .selectExpr("op AS src", "lead(op) OVER (PARTITION BY key ORDER BY at, op) AS dst", "'ww' AS kind", "key")
+          .filter("dst IS NOT NULL AND src != dst"))
+    hub_readers = readers.join(hubs.select(F.col("op").alias("reader")), "reader")
+    wr = (hub_readers.join(writes.select("key", "value", "op"), ["key", "value"])
+          .join(chain.select("key", "op", "via"), ["key", "op"])
+          .selectExpr("via AS src", "reader AS dst", "'wr' AS kind", "key")
+          .filter("src IS NOT NULL AND src != dst"))
+    return ww.unionByName(wr).distinct()
+
+
 def analyse(spark: SparkSession, path: str | os.PathLike, limit: int = 32, full_dir: str | os.PathLike | None = None
             ) -> Analysis:
     """Find the anomalies of the history at `path`; see the module docstring."""
@@ -387,11 +415,14 @@ def _analyse(spark: SparkSession, path: str, limit: int, full_dir: str | os.Path
             notes.append(unjudged_note(texts.pop(_UNJUDGED), n))
         if full_dir is not None:
             _write_full(witnesses, Path(full_dir), row_counts, texts, limit)
+        dependencies = sorted((r["src"], r["dst"], r["kind"], r["key"])
+                              for r in _dependencies(events).toLocalIterator())
         return Analysis(
             counts={t: counts[t] for t in TYPES if t in counts},
             examples={t: [json.loads(j) for j in texts[t][:limit]] for t in TYPES if t in texts and limit > 0},
             stats=dict(history.stats),
             notes=notes,
+            dependencies=dependencies,
         )
     finally:
         for df in (witnesses, events):

@@ -348,6 +348,48 @@ def _uncommitted(evs: list[Event], seeks: list[tuple[str, Operation]], found: Fo
     return sorted(ok_keys - set(top))
 
 
+def _dependencies(evs: list[Event]) -> list[tuple[int, int, str, str]]:
+    """result.DEPENDENCIES, over the events."""
+    first_at: dict[tuple, int] = {}
+    for e in evs:
+        if _in_log(e):
+            k = (e.key, e.value)
+            first_at[k] = min(first_at.get(k, e.offset), e.offset)
+    writer_of: dict[tuple, set[int]] = defaultdict(set)
+    position: dict[tuple, int] = {}  # (key, op) -> position of op's writes in key
+    for e in evs:
+        if e.kind == "s" and e.type != "fail" and (e.key, e.value) in first_at:
+            writer_of[(e.key, e.value)].add(e.op)
+            at = first_at[(e.key, e.value)]
+            position[(e.key, e.op)] = min(position.get((e.key, e.op), at), at)
+    keys_written: dict[int, int] = defaultdict(int)
+    for key, op in position:
+        keys_written[op] += 1
+    readers = {e.op for e in evs if e.kind == "r" and e.type == "ok"}
+    hubs = {op for op, n in keys_written.items() if n >= 2 or op in readers}
+    by_key: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for (key, op), at in position.items():
+        by_key[key].append((at, op))
+    edges = set()
+    via: dict[tuple, int | None] = {}
+    for key, ws in by_key.items():
+        ws.sort()
+        last_hub = None
+        for at, op in ws:
+            if op in hubs:
+                if last_hub is not None and last_hub != op:
+                    edges.add((last_hub, op, "ww", key))
+                last_hub = op
+            via[(key, op)] = last_hub
+    for e in evs:
+        if e.kind == "r" and e.type == "ok" and e.op in hubs:
+            for w in writer_of.get((e.key, e.value), ()):
+                src = via[(e.key, w)]
+                if src is not None and src != e.op:
+                    edges.add((src, e.op, "wr", e.key))
+    return sorted(edges)
+
+
 def analyse(path: str | Path, limit: int = 32, full_dir: str | Path | None = None) -> Analysis:
     """Find the anomalies of the history at `path`; see the module docstring."""
     history = read_history(path)
@@ -384,4 +426,4 @@ def analyse(path: str | Path, limit: int = 32, full_dir: str | Path | None = Non
             tmp = directory / f".{t}.jsonl.tmp"
             tmp.write_text("".join(text + "\n" for _, _, text in sorted(found.rows.get(t, []))))
             tmp.replace(directory / f"{t}.jsonl")
-    return Analysis(counts=counts, examples=examples, stats=stats, notes=notes)
+    return Analysis(counts=counts, examples=examples, stats=stats, notes=notes, dependencies=_dependencies(evs))

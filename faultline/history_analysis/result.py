@@ -30,6 +30,26 @@ class Analysis:
     examples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # Sorted (src op, dst op, 'ww' | 'wr', key): the dependency graph the checker
+    # searches for G0 and G1c cycles (see DEPENDENCIES).
+    dependencies: list[tuple[int, int, str, str]] = field(default_factory=list)
+
+
+DEPENDENCIES = """\
+Dependencies between operations, as both engines derive them:
+- a writer of key k is an operation with a send to k, not failed, whose value
+  the log of k holds; its position in k is the lowest offset at which the log
+  holds any value it sent to k;
+- a hub is a writer of two or more keys, or a writer that also read (one of
+  its ok polls returned records); only hubs can lie on a cycle (a writer of one key that reads
+  nothing is passed through along its key; a poll that writes nothing has
+  no dependency out);
+- ww: per key, each hub to the next hub by position (order: position, then
+  operation): the writes of the first precede the second's in that log;
+- wr: an ok poll of hub R returned (k, v) sent by writer W: from W if W is a
+  hub, else from the last hub at or before W's position in k (its writes
+  precede W's, which R read); none when there is no such hub or it is R.
+"""
 
 
 def witness_json(witness: dict[str, Any]) -> str:

@@ -32,5 +32,6 @@ def by_scenario(full: dict[str, list[dict]]) -> dict[str, dict[str, list[dict]]]
     out: dict[str, dict[str, list[dict]]] = {}
     for kind, witnesses in full.items():
         for w in witnesses:
-            out.setdefault(w["key"].split("-t/")[0], {}).setdefault(kind, []).append(w)
+            key = w["key"] if "key" in w else w["steps"][0]["key"]  # a cycle: the key of its first step
+            out.setdefault(key.split("-t/")[0], {}).setdefault(kind, []).append(w)
     return out

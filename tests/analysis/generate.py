@@ -31,6 +31,10 @@ Faults and what they must produce:
 - "int-send-skip": one ok send of two values to a key, acknowledged at o and
   o+2, with a third value (an indeterminate send of another process)
   between them -> {int-send-skip}.
+- "write-cycle": two ok sends, each of a value to two keys, whose values
+  stand in one order in the first key's log and in the other order in the
+  second's -> {G0} (found by the checker's cycle search, from the
+  engines' dependencies).
 - "lost": an acknowledged record never becomes visible (readers step over
   its offset) -> {unseen}, plus lost-write when a later record of the key
   exists (the final read passes the offset), plus poll-skip when a poll
@@ -47,7 +51,7 @@ from dataclasses import dataclass, field
 from .histories import Builder
 
 FAULTS = (None, "duplicate", "unexpected", "inconsistent", "lost", "aborted", "int-skip", "int-rewind",
-          "int-send-reorder", "int-send-skip")
+          "int-send-reorder", "int-send-skip", "write-cycle")
 
 
 @dataclass
@@ -188,6 +192,16 @@ class _Run:
                 self.b.poll(self.b.process(), [(k, p, self.log[k][p].value) for p in pair], "ok")
                 self.expected.add("int-poll-skip" if self.fault == "int-skip" else "int-nonmonotonic-poll")
                 self.detail = {"key": k, "offsets": pair}
+        elif self.fault == "write-cycle" and len(self.keys) >= 2:
+            k1, k2 = r.sample(self.keys, 2)
+            a1, a2, b1, b2 = (self.value() for _ in range(4))
+            o1, o2 = len(self.log[k1]), len(self.log[k2])
+            self.log[k1] += [Entry(a1), Entry(b1)]
+            self.log[k2] += [Entry(b2), Entry(a2)]
+            self.b.send(slots[0].process, [(k1, a1, o1), (k2, a2, o2 + 1)], "ok")
+            self.b.send(slots[1].process, [(k1, b1, o1 + 1), (k2, b2, o2)], "ok")
+            self.expected.add("G0")
+            self.detail = {"keys": [k1, k2]}
         elif self.fault == "int-send-reorder":
             v1, v2, o = self.value(), self.value(), len(self.log[k])
             self.log[k] += [Entry(v2), Entry(v1)]

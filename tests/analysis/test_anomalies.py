@@ -12,6 +12,7 @@ import json
 import pytest
 
 from faultline.history_analysis.anomalies import TYPES, analyse
+from faultline.checker.cycles import CYCLE_TYPES, add_cycles
 from faultline.checker.explain import EXPLAINERS, explain
 from faultline.history_analysis.reference import analyse as analyse_python
 from faultline.models.history import write_history
@@ -535,6 +536,66 @@ def test_int_send_skip_and_int_nonmonotonic_send_within_one_send(found):
                                            "ops": [ix["reversed"]]}]
 
 
+# --- G0 and G1c: cycles of dependencies ------------------------------------------------
+
+def txn(s, process, sends, records, type_="ok"):
+    """One operation that sends (key, value, offset) and polls records (key, offset, value)."""
+    invoke = [{"f": "send", "key": k, "value": v} for k, v, _ in sends] + [{"f": "poll"}]
+    done = ([{"f": "send", "key": k, "value": v, "offset": o} for k, v, o in sends]
+            + [{"f": "poll", "records": [{"key": k, "offset": o, "value": v} for k, o, v in records]}])
+    return s.op(process, "txn", type_, {"mops": invoke}, {"mops": done})
+
+
+@scenario
+def write_cycle(s):
+    k, j, p, q, c = s.key("0"), s.key("1"), s.process(), s.process(), s.process()
+    a = s.send(p, [(k, 1, 0), (j, 2, 1)])
+    b = s.send(q, [(k, 3, 1), (j, 4, 0)])  # after a in k's log, before it in j's
+    s.assign(c, [k, j], seek=True)
+    s.poll(c, [(k, 0, 1), (k, 1, 3), (j, 0, 4), (j, 1, 2)])
+    return {"a": a, "b": b, "k": k, "j": j}
+
+
+def test_g0_two_sends_ordered_one_way_in_one_log_and_the_other_way_in_another(found):
+    f, ix = found("write_cycle")
+    assert set(f) == {"G0"}
+    a, b = ix["a"], ix["b"]
+    assert f["G0"] == [{"size": 2, "ops": [a, b], "steps": [{"from": a, "to": b, "type": "ww", "key": ix["k"]},
+                                                           {"from": b, "to": a, "type": "ww", "key": ix["j"]}]}]
+
+
+@scenario
+def read_cycle(s):
+    x, y, p, q, c = s.key("0"), s.key("1"), s.process(), s.process(), s.process()
+    t1 = txn(s, p, [(x, 1, 0)], [(y, 0, 2)])  # read t2's write...
+    t2 = txn(s, q, [(y, 2, 0)], [(x, 0, 1)])  # ...which read t1's
+    s.assign(c, [x, y], seek=True)
+    s.poll(c, [(x, 0, 1), (y, 0, 2)])
+    return {"t1": t1, "t2": t2, "x": x, "y": y}
+
+
+def test_g1c_two_transactions_that_each_read_the_other(found):
+    f, ix = found("read_cycle")
+    assert set(f) == {"G1c"}
+    t1, t2 = ix["t1"], ix["t2"]
+    assert f["G1c"] == [{"size": 2, "ops": [t1, t2], "steps": [{"from": t1, "to": t2, "type": "wr", "key": ix["x"]},
+                                                              {"from": t2, "to": t1, "type": "wr", "key": ix["y"]}]}]
+
+
+@scenario
+def dependencies_in_one_order(s):
+    x, y, z, p, q, r, c = s.key("0"), s.key("1"), s.key("2"), s.process(), s.process(), s.process(), s.process()
+    s.send(p, [(x, 1, 0), (y, 2, 0)])
+    txn(s, q, [(z, 3, 0), (x, 4, 1)], [(y, 0, 2)])  # after p everywhere, and read p's write
+    txn(s, r, [(y, 5, 1)], [(z, 0, 3), (x, 1, 4)])  # after both
+    s.assign(c, [x, y, z], seek=True)
+    s.poll(c, [(x, 0, 1), (x, 1, 4), (y, 0, 2), (y, 1, 5), (z, 0, 3)])
+
+
+def test_no_cycle_when_every_dependency_runs_one_way(found):
+    assert found("dependencies_in_one_order")[0] == {}
+
+
 # --- the analysis as a whole ---------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -546,9 +607,11 @@ def catalog(spark, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("catalog")
     path = tmp / "history.jsonl"
     write_history(path, builder.lines)
-    analysis = analyse(spark, str(path), limit=2, full_dir=str(tmp / "anomalies"))
+    analysis = add_cycles(analyse(spark, str(path), limit=2, full_dir=str(tmp / "anomalies")), limit=2,
+                          full_dir=tmp / "anomalies")
     full = read_full(tmp / "anomalies")
-    oracle = analyse_python(path, limit=2, full_dir=tmp / "anomalies-python")
+    oracle = add_cycles(analyse_python(path, limit=2, full_dir=tmp / "anomalies-python"), limit=2,
+                        full_dir=tmp / "anomalies-python")
     return {"analysis": analysis, "full": full, "by_scenario": by_scenario(full), "facts": facts,
             "builder": builder, "path": path, "oracle": oracle, "oracle_full": read_full(tmp / "anomalies-python")}
 
@@ -568,15 +631,15 @@ def test_stats_count_client_operations_and_never_completed_as_info(catalog):
 
 def test_counts_examples_and_full_files_agree(catalog):
     analysis, full = catalog["analysis"], catalog["full"]
-    assert set(full) == set(TYPES)  # one file per type, empty when none found
-    for kind in TYPES:
+    assert set(full) == set(TYPES) | set(CYCLE_TYPES)  # one file per type, empty when none found
+    for kind in TYPES + CYCLE_TYPES:
         witnesses = full[kind]
         expected = sum(w["count"] for w in witnesses) if kind == "unseen" else len(witnesses)
         assert analysis.counts.get(kind, 0) == expected
         assert analysis.examples.get(kind, []) == witnesses[:2]
         firsts = [min(w["ops"]) for w in witnesses]
         assert firsts == sorted(firsts), kind
-    assert set(analysis.counts) == {kind for kind in TYPES if full[kind]}
+    assert set(analysis.counts) == {kind for kind in TYPES + CYCLE_TYPES if full[kind]}
     assert json.loads(json.dumps(analysis.examples)) == analysis.examples
 
 
@@ -588,6 +651,7 @@ def test_the_python_engine_finds_exactly_what_spark_finds(catalog):
     assert python_result.examples == spark_result.examples
     assert catalog["oracle_full"] == catalog["full"]
     assert (python_result.stats, python_result.notes) == (spark_result.stats, spark_result.notes)
+    assert python_result.dependencies == spark_result.dependencies
 
 
 def test_every_witness_of_the_catalog_is_explained_with_its_operations(catalog):

@@ -17,7 +17,9 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from faultline.checker.cycles import add_cycles
 from faultline.history_analysis.anomalies import analyse
+from faultline.history_analysis.result import Analysis
 from faultline.history_analysis.reference import analyse as analyse_python
 from faultline.models.history import read_history, write_history
 
@@ -43,7 +45,14 @@ def check(spark, faults, rnd, steps):
         for kind in set(analysis.examples) | set(oracle.examples):
             assert analysis.examples.get(kind) == oracle.examples.get(kind), kind
         assert (analysis.stats, analysis.notes) == (oracle.stats, oracle.notes)
+        assert analysis.dependencies == oracle.dependencies
         found = by_scenario(analysis.examples)
+        # Cycles span keys: a cycle belongs to the scenario owning the keys of its steps.
+        for kind, witnesses in add_cycles(Analysis(dependencies=analysis.dependencies), limit=100_000).examples.items():
+            for w in witnesses:
+                owners = {st["key"].split("-t/")[0] for st in w["steps"]}
+                assert len(owners) == 1, w
+                found.setdefault(owners.pop(), {}).setdefault(kind, []).append(w)
         for run in runs:
             got = found.get(run.name, {})
             assert set(got) == run.expected, (run.fault, run.detail, got)
@@ -88,3 +97,7 @@ def test_one_fault_shows_exactly_its_anomalies(spark, faults, seed, steps):
             if d["poll"] == "ok":
                 [u] = got["uncommitted-read"]
                 assert (u["key"], u["offset"], u["value"]) == (d["key"], d["offset"], d["values"][1])
+        elif run.fault == "write-cycle" and d:
+            [w] = got["G0"]
+            assert w["size"] == 2 and {st["key"] for st in w["steps"]} == set(d["keys"])
+            assert {st["type"] for st in w["steps"]} == {"ww"}

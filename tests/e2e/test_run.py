@@ -122,3 +122,44 @@ def test_cleanup_after_the_harness_is_killed(tmp_path):
         if run.poll() is None:
             run.kill()
         faultline("cleanup")
+
+
+def test_the_same_seed_gives_the_same_schedule_and_invocations(tmp_path):
+    # What the seed fixes: the nemesis's schedule (functions and their target seeds) and each
+    # worker's stream of operations. Timing still decides how many operations fit in the time
+    # limit, and an indeterminate completion makes a worker re-assign, so runs agree on the
+    # common prefix of each stream, and a worker's stream is compared up to its first `info`.
+    def streams(store):
+        proc = faultline("run", "--time-limit", "12", "--rate", "60", "--concurrency", "3", "--seed", "7",
+                         "--nemesis", "kill", "--nemesis-interval", "3", "--store", str(store), "--no-progress")
+        assert proc.returncode in (0, 1), proc.stderr
+        history = read_history((store / "latest").resolve() / "history.jsonl").ops
+        end = next(op["index"] for op in history if op["process"] == "nemesis" and op["f"] == "heal")
+        nemesis = [(op["f"], op.get("seed")) for op in history
+                   if op["process"] == "nemesis" and op["type"] == "invoke" and op["index"] < end]
+        workers: dict[int, list] = {}
+        stopped: set[int] = set()
+        for op in history[:end]:
+            if op["process"] == "nemesis":
+                continue
+            worker = op["process"] % 3
+            if op["type"] == "info":
+                stopped.add(worker)
+            if op["type"] == "invoke" and worker not in stopped:
+                workers.setdefault(worker, []).append(
+                    (op["f"], [(m.get("key"), m.get("value")) for m in op.get("mops", [])], op.get("keys"),
+                     op.get("seek_to_beginning")))
+        return nemesis, workers
+
+    def common_prefix(a, b):
+        n = min(len(a), len(b))
+        assert a[:n] == b[:n]
+        return n
+
+    nemesis1, workers1 = streams(tmp_path / "one")
+    nemesis2, workers2 = streams(tmp_path / "two")
+    assert common_prefix(nemesis1, nemesis2) >= 3  # kill, start, kill at least
+    assert set(workers1) == set(workers2) == {0, 1, 2}
+    compared = sum(common_prefix(workers1[w], workers2[w]) for w in workers1)
+    assert compared >= 30, (workers1, workers2)
+    assert leftovers() == {"namespaces": [], "links": [], "processes": []}
