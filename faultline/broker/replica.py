@@ -134,21 +134,29 @@ class ReplicaManager:
 
     # -- life cycle ---------------------------------------------------------------
 
+    async def connect(self) -> None:
+        """Connect to ZooKeeper and take the cluster's id, before the broker answers anyone: a
+        Metadata answer with this broker's own proposal would name another cluster (Kafka, too,
+        reads the id before it opens its socket server)."""
+        if not self.replicated or self.zk is not None:
+            return
+        from .zk import ZkStore
+
+        self.zk = ZkStore(self.config["zookeeper.connect"], self.config["zookeeper.session.timeout.ms"],
+                          self._wake.set)
+        await asyncio.to_thread(self.zk.start, max(10.0, self.config["zookeeper.session.timeout.ms"] / 1000))
+        self.state.adopt_cluster_id(await asyncio.to_thread(self.zk.cluster_id, self.state.cluster_id))
+
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         if not self.replicated:
             return
-        from .zk import ZkStore
-
         hws = self.state.read_hw_checkpoint()
         for t in self.state.topics.values():
             for i, plog in t.partitions.items():
                 plog.hw_follows_leo = False
                 plog.high_watermark = min(hws.get((t.name, i), 0), plog.log_end_offset)
-        self.zk = ZkStore(self.config["zookeeper.connect"], self.config["zookeeper.session.timeout.ms"],
-                          self._wake.set)
-        await asyncio.to_thread(self.zk.start, max(10.0, self.config["zookeeper.session.timeout.ms"] / 1000))
-        self.state.adopt_cluster_id(await asyncio.to_thread(self.zk.cluster_id, self.state.cluster_id))
+        await self.connect()
         host, port = self.config.advertised
         self.registration_czxid = await asyncio.to_thread(self.zk.register, self.me, host, port, self._stop)
         self._thread = threading.Thread(target=self._zk_worker, name="zookeeper", daemon=True)

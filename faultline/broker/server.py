@@ -49,6 +49,7 @@ class BrokerServer:
         self.state = BrokerState(self.config)
         self.replicas = ReplicaManager(self.config, self.state)
         self.handlers = Handlers(self.state, self.replicas)
+        await self.replicas.connect()
         # Listen before joining the cluster: other brokers may fetch from this one as soon as
         # its registration appears in ZooKeeper.
         self._server = await asyncio.start_server(
