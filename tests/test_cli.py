@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from faultline.models.history import write_history
+from faultline.models.spec import SpecError
 from faultline.runner.cli import _spec_from_args, build_parser
 from faultline.control.wait import wait_until
-from tests.e2e.test_run import leftovers
+from tests.e2e.test_run import NOTHING_LEFT, leftovers
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -85,6 +86,16 @@ def test_run_spec_merges_toml_and_flags(tmp_path):
     assert spec.producer["enable.idempotence"] == "true", "defaults stay unless overridden"
 
 
+def test_clock_offsets_are_whole_seconds_for_broker_nodes():
+    parse = build_parser().parse_args
+    spec = _spec_from_args(parse(["run", "--nodes", "3", "--clock-offset", "n2=-30", "--clock-offset", "n3=+5"]))
+    assert spec.clock_offsets == {"n2": -30, "n3": 5}
+    with pytest.raises(SpecError, match="the broker nodes are n1, n2, n3"):
+        _spec_from_args(parse(["run", "--nodes", "3", "--clock-offset", "zk1=10"]))
+    with pytest.raises(SpecError, match="give whole seconds, for example --clock-offset n1=-30"):
+        _spec_from_args(parse(["run", "--clock-offset", "n1=1.5"]))
+
+
 def test_run_flags_with_bad_values_are_refused_with_the_reason():
     proc = subprocess.run([sys.executable, "-m", "faultline.runner.cli", "run", "--nodes", "1",
                            "--replication-factor", "3"], cwd=REPO, capture_output=True, text=True, timeout=60)
@@ -110,7 +121,7 @@ def test_ctrl_c_during_a_run_cleans_up_and_still_checks(tmp_path):
         run.send_signal(signal.SIGINT)
         out, _ = run.communicate(timeout=300)
         assert "interrupted" in out
-        assert leftovers() == {"namespaces": [], "links": [], "processes": []}
+        assert leftovers() == NOTHING_LEFT
         results = json.loads((history().parent / "results.json").read_text())
         assert results["valid"] in (True, False, "unknown") and results["stats"]["ops"] > 0
     finally:

@@ -41,6 +41,16 @@ class RecordingDB:
     def resume(self, node):
         self.calls.append(("resume", node))
 
+    def power_off(self, node):
+        self.calls.append(("power-off", node))
+        self.down.add(node)
+        return {"pids": {"broker": 100, "disk": 101}, "unsynced_bytes": 7}
+
+    def power_on(self, node):
+        self.calls.append(("power-on", node))
+        self.down.discard(node)
+        return 200
+
     def leader(self, topic, partition):
         return {0: "n1", 1: "n2", 2: "n3"}[partition]
 
@@ -70,6 +80,25 @@ def test_kill_targets_and_restart(kind, check):
     assert sorted(again["nodes"]) == sorted(value["nodes"]) and not db.down
 
 
+@pytest.mark.parametrize("kind,count", [("power-loss", 1), ("power-loss-majority", 3), ("power-loss-all", 5)])
+def test_power_loss_cuts_the_chosen_nodes_and_power_on_brings_each_back(kind, count):
+    db = RecordingDB()
+    nemeses, pairs = catalog.build([kind], db, NODES, KEYS)
+    assert pairs == [("power-off", "power-on")]
+    value = nemeses["power-off"].invoke({"f": "power-off", "seed": 2})
+    assert len(value["nodes"]) == count and db.down == set(value["nodes"])
+    assert value["unsynced_bytes"] == {n: 7 for n in value["nodes"]}
+    assert value["pids"] == {n: {"broker": 100, "disk": 101} for n in value["nodes"]}
+    second = nemeses["power-off"].invoke({"f": "power-off", "seed": 3})
+    if count == len(NODES):
+        assert second == {"nodes": [], "note": "every node is already off"}
+    else:
+        assert second["nodes"] and not set(second["nodes"]) & set(value["nodes"]), "only nodes still on"
+    back = nemeses["power-on"].invoke({"f": "power-on"})
+    assert sorted(back["nodes"]) == sorted(db.calls[i][1] for i, c in enumerate(db.calls) if c[0] == "power-off")
+    assert not db.down and back["pids"] == {n: 200 for n in back["nodes"]}
+
+
 def test_the_same_seed_picks_the_same_targets():
     picks = []
     for _ in range(2):
@@ -92,23 +121,44 @@ def test_pause_is_undone_by_heal():
 def test_unknown_or_clashing_kinds_are_refused_with_the_known_ones():
     with pytest.raises(ValueError, match="known: kill, kill-leader"):
         catalog.build(["explode"], RecordingDB(), NODES, KEYS)
-    with pytest.raises(ValueError, match="choose one kill-"):
+    with pytest.raises(ValueError, match="at most one kind each of kill-"):
         catalog.build(["kill", "kill-all"], RecordingDB(), NODES, KEYS)
 
 
-def test_clock_bumps_write_each_chosen_node_offset_and_heal_resets_them_all(tmp_path):
+def test_clock_bumps_write_each_chosen_node_offset_and_heal_resets_them_to_where_they_started(tmp_path):
     db = RecordingDB()
     db.clock_file = lambda node: tmp_path / f"{node}.faketime"
+    db.start_offset = lambda node: -30 if node == "n2" else 0  # as --clock-offset n2=-30 gives
     nemeses, pairs = catalog.build(["clock"], db, NODES, KEYS)
-    assert pairs == [("bump-clock", "reset-clock")]
+    assert pairs == [("bump-clock", "reset-clock"), ("strobe-clock", None)]
     value = nemeses["bump-clock"].invoke({"f": "bump-clock", "seed": 8})
     offsets = value["offsets_s"]
-    assert offsets and all(1 <= abs(s) <= 60 for s in offsets.values())
+    assert offsets and all(1 <= abs(s - db.start_offset(n)) <= 60 for n, s in offsets.items())
     for node, seconds in offsets.items():
         assert (tmp_path / f"{node}.faketime").read_text() == f"{seconds:+d}\n"
     healed = nemeses["reset-clock"].invoke({"f": "reset-clock"})
-    assert healed == {"offsets_s": {node: 0 for node in sorted(offsets)}}
-    assert all((tmp_path / f"{n}.faketime").read_text() == "+0\n" for n in NODES)
+    assert healed == {"offsets_s": {node: db.start_offset(node) for node in sorted(offsets)}}
+    assert all((tmp_path / f"{n}.faketime").read_text() == f"{db.start_offset(n):+d}\n" for n in NODES)
+
+
+def test_a_clock_strobe_flips_each_chosen_clock_every_period_and_leaves_it_where_it_started(tmp_path):
+    db = RecordingDB()
+    db.clock_file = lambda node: tmp_path / f"{node}.faketime"
+    db.start_offset = lambda node: 5
+    seen = []
+
+    def sleep(seconds):  # what each clock reads during each period
+        seen.append({n: int(f.read_text()) for n in NODES if (f := tmp_path / f"{n}.faketime").exists()})
+
+    nemeses, _ = catalog.build(["clock"], db, NODES, KEYS)
+    nemesis = nemeses["strobe-clock"]
+    nemesis.sleep, nemesis.duration = sleep, 4
+    value = nemesis.invoke({"f": "strobe-clock", "seed": 3})
+    chosen, skews = value["nodes"], value["skews_s"]
+    assert value["flips"] == 4 and set(skews) == set(chosen)
+    assert seen == [{n: 5 + (skews[n] if i % 2 == 0 else 0) for n in chosen} for i in range(4)]
+    assert all((tmp_path / f"{n}.faketime").read_text() == "+5\n" for n in chosen)
+    assert value["offsets_s"] == {n: 5 for n in chosen}
 
 
 def test_a_rolling_restart_stops_and_starts_each_broker_in_turn_and_needs_no_repair():

@@ -109,7 +109,9 @@ def _int_nonmonotonic_send(w):
 
 
 def _cycle(w):
-    said = {"ww": "wrote {key} before", "wr": "wrote a value of {key} that was read by"}
+    said = {"ww": "wrote {key} before", "wr": "wrote a value of {key} that was read by",
+            "process": "came before, in its process, and completed ok before",
+            "realtime": "completed ok before the invocation of"}
     steps = "; ".join(f"op {st['from']} " + said.get(st["type"], "precedes ({key})").format(key=st["key"])
                       + f" op {st['to']}" for st in (w.get("steps") or [])[:8])
     more = f"; ... ({len(w['steps']) - 8} more steps)" if len(w.get("steps") or []) > 8 else ""
@@ -135,6 +137,7 @@ EXPLAINERS: dict[str, Callable[[dict], str]] = {
     "int-nonmonotonic-send": _int_nonmonotonic_send,
     "G0": _cycle,
     "G1c": _cycle,
+    **{kind: _cycle for kind in ("G0-process", "G1c-process", "G0-realtime", "G1c-realtime")},
 }
 
 

@@ -2,7 +2,9 @@
 
 In: nothing but the machine's state: network namespaces named
 `faultline-<tag>-<node>`, veths `fl<tag>n<i>` and bridges `flb<tag>` in the
-root namespace, and registry entries `<registry>/<tag>.json` (see `netns`).
+root namespace, registry entries `<registry>/<tag>.json` (see `netns`), and
+mounts of the power-loss file system (`lazyfs`) outside the work folders of
+runs still in progress.
 Out: `Leftovers`, listing those objects (and the processes inside each
 namespace), which `cleanup()` has also removed unless `dry_run`; its
 `describe()` is what `faultline cleanup` prints.
@@ -21,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable
 
+from . import lazyfs
 from .netns import (BRIDGE_RE, NAMESPACE_RE, VETH_RE, delete_link, delete_namespace, harness_alive,
                     kill_namespace_processes, link_kind, list_links, list_namespaces, namespace_pids,
                     process_cmdline, read_registry, registry_path)
@@ -52,6 +55,8 @@ class Leftovers:
     namespaces: list[LeftoverNamespace] = field(default_factory=list)
     links: list[LeftoverLink] = field(default_factory=list)
     registry: list[Path] = field(default_factory=list)
+    #: mount points of the power-loss file system
+    mounts: list[str] = field(default_factory=list)
     #: tags of runs whose harness is still running, left alone
     live_runs: list[str] = field(default_factory=list)
     #: what could not be removed, one sentence each
@@ -70,7 +75,7 @@ class Leftovers:
         return sorted(found)
 
     def __bool__(self) -> bool:
-        return bool(self.namespaces or self.links or self.registry)
+        return bool(self.namespaces or self.links or self.registry or self.mounts)
 
     def describe(self) -> str:
         verb = "removed" if self.removed else "found"
@@ -80,6 +85,7 @@ class Leftovers:
                          f"with {len(ns.processes)} process(es)")
             lines += [f"    {verb} process {p.pid}: {p.cmdline}" for p in ns.processes]
         lines += [f"{verb} {link.kind} {link.name} (run {link.tag})" for link in self.links]
+        lines += [f"{verb} mount {mount} (power-loss file system)" for mount in self.mounts]
         lines += [f"{verb} registry entry {path}" for path in self.registry]
         lines += [f"left alone run {tag}: its harness is still running" for tag in self.live_runs]
         lines += [f"error: {error}" for error in self.errors]
@@ -132,6 +138,13 @@ def find_leftovers(include_live: bool = False, tags: Iterable[str] | None = None
             found.namespaces.append(LeftoverNamespace(name, tag, node, processes))
     found.links = [link for link in links if ours(link.tag)]
     found.registry = [registry_path(tag) for tag in registry if ours(tag)]
+    # A mount belongs to the run whose work folder holds it; one outside every registered run's
+    # folder is an orphan whatever `tags` says.
+    folders = {tag: str(entry.get("workdir", "")) for tag, entry in registry.items() if entry.get("workdir")}
+    for mount in lazyfs.mounts():
+        owner = next((tag for tag, folder in folders.items() if mount in lazyfs.mounts_under(folder)), None)
+        if owner is None or ours(owner):
+            found.mounts.append(mount)
     return found
 
 
@@ -162,6 +175,11 @@ def cleanup(dry_run: bool = False, include_live: bool = False, tags: Iterable[st
         except Exception as exc:  # noqa: BLE001
             found.errors.append(f"{link.kind} {link.name}: {exc}")
             failed_tags.add(link.tag)
+    for mount in found.mounts:
+        try:
+            lazyfs.unmount(mount)
+        except OSError as exc:
+            found.errors.append(f"mount {mount}: {exc}")
     for path in found.registry:
         if path.stem in failed_tags:
             continue

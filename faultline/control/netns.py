@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+from . import lazyfs
 from .remote import (DEFAULT_RUN_TIMEOUT, DEFAULT_STOP_TIMEOUT, AlreadyRunning, CommandFailed, CommandTimeout,
                      NotRunning, Remote, RemoteError)
 from .wait import wait_until
@@ -352,11 +353,15 @@ class NamespaceRemote(Remote):
 
     # -- commands
 
-    def _wrap(self, cmd: Sequence[str]) -> list[str]:
+    def _wrap(self, cmd: Sequence[str], host_mounts: bool = False) -> list[str]:
         if isinstance(cmd, (str, bytes)):
             raise TypeError(f"cmd must be a list of arguments, not a string: {cmd!r}")
         if not cmd:
             raise ValueError("cmd must not be empty")
+        if host_mounts:
+            # `ip netns exec` gives each command a mount namespace of its own, so a mount made
+            # there would be invisible to the node's other processes: enter the harness's.
+            cmd = ["nsenter", f"--mount=/proc/{os.getpid()}/ns/mnt", "--", *cmd]
         return ["ip", "netns", "exec", self.namespace, *map(str, cmd)]
 
     def _env(self, env: dict[str, str] | None) -> dict[str, str]:
@@ -370,8 +375,9 @@ class NamespaceRemote(Remote):
         return path if path.is_absolute() else self.home / path
 
     def run(self, cmd: Sequence[str], timeout: float = DEFAULT_RUN_TIMEOUT, check: bool = True,
-            input: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-        wrapped = self._wrap(cmd)
+            input: str | None = None, env: dict[str, str] | None = None,
+            host_mounts: bool = False) -> subprocess.CompletedProcess:
+        wrapped = self._wrap(cmd, host_mounts)
         # Its own session, so a timeout can kill everything the command started.
         proc = subprocess.Popen(wrapped, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
@@ -391,8 +397,8 @@ class NamespaceRemote(Remote):
     # -- daemons
 
     def spawn(self, name: str, cmd: Sequence[str], log_path: Path | str,
-              env: dict[str, str] | None = None) -> int:
-        wrapped = self._wrap(cmd)
+              env: dict[str, str] | None = None, host_mounts: bool = False) -> int:
+        wrapped = self._wrap(cmd, host_mounts)
         merged_env = self._env(env)
         program = str(cmd[0])
         # `ip netns exec` would report a missing program only in the log; say so here instead.
@@ -689,6 +695,11 @@ class LocalCluster:
                 except Exception as exc:  # noqa: BLE001 - collected and raised below
                     errors.append(f"killing the processes in {ns}: {exc}")
                 self.remotes[node]._forget_all()
+            for mount in lazyfs.mounts_under(self.workdir):
+                try:
+                    lazyfs.unmount(mount)
+                except Exception as exc:  # noqa: BLE001
+                    errors.append(f"unmounting {mount}: {exc}")
             for ns in self.namespaces.values():
                 try:
                     delete_namespace(ns)

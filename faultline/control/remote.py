@@ -99,9 +99,11 @@ class Remote(ABC):
 
     @abstractmethod
     def run(self, cmd: Sequence[str], timeout: float = DEFAULT_RUN_TIMEOUT, check: bool = True,
-            input: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+            input: str | None = None, env: dict[str, str] | None = None,
+            host_mounts: bool = False) -> subprocess.CompletedProcess:
         """Run `cmd` on the node and wait for it; stdout and stderr are captured as text.
 
+        `host_mounts`: as for `spawn` (to unmount what a daemon mounted, say).
         `env` adds to (does not replace) the environment. Raises `CommandFailed`
         on a non-zero exit unless `check=False`, and `CommandTimeout` (after
         killing the command's process group) when `timeout` passes.
@@ -109,10 +111,13 @@ class Remote(ABC):
 
     @abstractmethod
     def spawn(self, name: str, cmd: Sequence[str], log_path: Path | str,
-              env: dict[str, str] | None = None) -> int:
+              env: dict[str, str] | None = None, host_mounts: bool = False) -> int:
         """Start `cmd` as the daemon `name`, stdout and stderr appended to `log_path`; return its pid.
 
-        Raises `AlreadyRunning` if a daemon called `name` still runs.
+        With `host_mounts`, a file system the daemon mounts is seen by processes started on the
+        node afterwards (a node that gives each command a mount namespace of its own must run
+        this one in the node's shared one). Raises `AlreadyRunning` if a daemon called `name`
+        still runs.
         """
 
     @abstractmethod

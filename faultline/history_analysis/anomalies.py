@@ -353,11 +353,12 @@ def _uncommitted_read(events: DataFrame) -> list[DataFrame]:
     ]
 
 
-def _dependencies(events: DataFrame) -> DataFrame:
-    """The write-write and write-read dependencies between operations that can lie on a cycle.
+def _dependencies(events: DataFrame) -> tuple[DataFrame, DataFrame]:
+    """The write-write and write-read dependencies between operations that can lie on a cycle,
+    and those operations (the hubs).
 
-    Columns src, dst (operations), kind ('ww' or 'wr') and key; see result.py
-    for the definition the Python engine shares."""
+    Edges: columns src, dst (operations), kind ('ww' or 'wr') and key; hubs: column op. See
+    result.py for the definition the Python engine shares."""
     at = events.filter(_LOG).groupBy("key", "value").agg(F.min("offset").alias("at"))
     writes = (events.filter("kind = 's' AND type != 'fail'").select("key", "value", "op")
               .join(at, ["key", "value"]))
@@ -378,7 +379,7 @@ def _dependencies(events: DataFrame) -> DataFrame:
           .join(chain.select("key", "op", "via"), ["key", "op"])
           .selectExpr("via AS src", "reader AS dst", "'wr' AS kind", "key")
           .filter("src IS NOT NULL AND src != dst"))
-    return ww.unionByName(wr).distinct()
+    return ww.unionByName(wr).distinct(), hubs.select("op")
 
 
 def analyse(spark: SparkSession, path: str | os.PathLike, limit: int = 32, full_dir: str | os.PathLike | None = None
@@ -424,14 +425,18 @@ def _analyse(spark: SparkSession, path: str, limit: int, full_dir: str | os.Path
             notes.append(unjudged_note(texts.pop(_UNJUDGED), n))
         if full_dir is not None:
             _write_full(witnesses, Path(full_dir), row_counts, texts, limit)
-        dependencies = sorted((r["src"], r["dst"], r["kind"], r["key"])
-                              for r in _dependencies(events).toLocalIterator())
+        edges, hubs = _dependencies(events)
+        dependencies = sorted((r["src"], r["dst"], r["kind"], r["key"]) for r in edges.toLocalIterator())
+        hub_rows = sorted((r["op"], r["invoke"], str(r["process"]), r["type"]) for r in
+                          hubs.join(history.operations.select("op", "invoke", "process", "type"), "op")
+                          .toLocalIterator())
         return Analysis(
             counts={t: counts[t] for t in TYPES if t in counts},
             examples={t: [json.loads(j) for j in texts[t][:limit]] for t in TYPES if t in texts and limit > 0},
             stats=dict(history.stats),
             notes=notes,
             dependencies=dependencies,
+            hubs=hub_rows,
         )
     finally:
         for df in (witnesses, events, *persisted):

@@ -44,6 +44,7 @@ class Event:
 @dataclass
 class Operation:
     op: int
+    invoke: int
     process: Any
     type: str
     f: str
@@ -81,7 +82,7 @@ def operations(ops: list[dict], real: int) -> tuple[list[Operation], dict[str, i
         keys = op.get("keys") if op.get("keys") is not None else inv.get("keys")
         seek = op.get("seek_to_beginning")
         seek = inv.get("seek_to_beginning") if seek is None else seek
-        out.append(Operation(index, process, op["type"], op["f"], mops or [], keys or [], bool(seek),
+        out.append(Operation(index, inv["index"], process, op["type"], op["f"], mops or [], keys or [], bool(seek),
                              epochs[process]))
     return out, stats
 
@@ -348,8 +349,8 @@ def _uncommitted(evs: list[Event], seeks: list[tuple[str, Operation]], found: Fo
     return sorted(ok_keys - set(top))
 
 
-def _dependencies(evs: list[Event]) -> list[tuple[int, int, str, str]]:
-    """result.DEPENDENCIES, over the events."""
+def _dependencies(evs: list[Event]) -> tuple[list[tuple[int, int, str, str]], set[int]]:
+    """result.DEPENDENCIES, over the events: the edges, and the hubs."""
     first_at: dict[tuple, int] = {}
     for e in evs:
         if _in_log(e):
@@ -387,7 +388,7 @@ def _dependencies(evs: list[Event]) -> list[tuple[int, int, str, str]]:
                 src = via[(e.key, w)]
                 if src is not None and src != e.op:
                     edges.add((src, e.op, "wr", e.key))
-    return sorted(edges)
+    return sorted(edges), hubs
 
 
 def analyse(path: str | Path, limit: int = 32, full_dir: str | Path | None = None) -> Analysis:
@@ -426,4 +427,6 @@ def analyse(path: str | Path, limit: int = 32, full_dir: str | Path | None = Non
             tmp = directory / f".{t}.jsonl.tmp"
             tmp.write_text("".join(text + "\n" for _, _, text in sorted(found.rows.get(t, []))))
             tmp.replace(directory / f"{t}.jsonl")
-    return Analysis(counts=counts, examples=examples, stats=stats, notes=notes, dependencies=_dependencies(evs))
+    edges, hubs = _dependencies(evs)
+    hub_rows = sorted((o.op, o.invoke, str(o.process), o.type) for o in ops if o.op in hubs)
+    return Analysis(counts=counts, examples=examples, stats=stats, notes=notes, dependencies=edges, hubs=hub_rows)

@@ -33,6 +33,9 @@ class Analysis:
     # Sorted (src op, dst op, 'ww' | 'wr', key): the dependency graph the checker
     # searches for G0 and G1c cycles (see DEPENDENCIES).
     dependencies: list[tuple[int, int, str, str]] = field(default_factory=list)
+    # Sorted (op, invoke index, process, type) of every hub (see DEPENDENCIES): what the
+    # process and real-time orders between them are built from.
+    hubs: list[tuple[int, int, str, str]] = field(default_factory=list)
 
 
 DEPENDENCIES = """\
@@ -49,6 +52,8 @@ Dependencies between operations, as both engines derive them:
 - wr: an ok poll of hub R returned (k, v) sent by writer W: from W if W is a
   hub, else from the last hub at or before W's position in k (its writes
   precede W's, which R read); none when there is no such hub or it is R.
+Each hub is listed with its invocation's index, its process and its type, so
+that the checker can add process and real-time order between hubs.
 """
 
 

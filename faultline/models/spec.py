@@ -56,6 +56,8 @@ class TestSpec:
     broker_settings: dict[str, str] = field(default_factory=dict)
     nemesis: list[str] = field(default_factory=list)
     nemesis_interval: float = 10.0
+    # Seconds each broker node's wall clock runs off by from its start (libfaketime), by node name.
+    clock_offsets: dict[str, int] = field(default_factory=dict)
     store: str = "store"
     spark_master: str = "local[2]"
     model: str | None = None
@@ -89,6 +91,11 @@ class TestSpec:
              f"zookeeper-nodes={zk}: an ensemble of an even size tolerates no more failures than one "
              f"member fewer and can split evenly; use an odd number (1, 3, 5)")
         need(self.backend == "local", f"backend {self.backend!r} is unknown; use 'local'")
+        brokers = [f"n{i}" for i in range(1, self.nodes + 1)]
+        for node, seconds in self.clock_offsets.items():
+            need(node in brokers, f"clock offset for {node!r}: the broker nodes are {', '.join(brokers)}")
+            need(isinstance(seconds, int) and not isinstance(seconds, bool),
+                 f"clock offset for {node}: {seconds!r} is not a whole number of seconds (write {node}=-30)")
 
     @property
     def effective_replication_factor(self) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from .partition import PartitionNemesis
-from .process import ClockNemesis, KillNemesis, PauseNemesis, RollingRestartNemesis
+from .process import ClockNemesis, KillNemesis, PauseNemesis, PowerLossNemesis, RollingRestartNemesis
 
 KINDS = {
     "kill": "SIGKILL a random broker, then restart it",
@@ -22,7 +22,12 @@ KINDS = {
     "pause": "SIGSTOP a random broker, then SIGCONT it",
     "pause-leader": "SIGSTOP the leader of a random partition, then SIGCONT it",
     "rolling-restart": "stop every broker cleanly (SIGTERM) and start it again, one at a time",
-    "clock": "step the wall clocks of random brokers by up to a minute either way (libfaketime), then reset them",
+    "clock": "step the wall clocks of random brokers by up to a minute either way (libfaketime), then reset "
+             "them; or strobe them (flip between a skew and their usual offset every second for 5 s)",
+    "power-loss": "cut the power of a random broker: kill it and drop what it wrote without fsync, then "
+                  "restart it (its data directory is on a FUSE file system that keeps unsynced writes in memory)",
+    "power-loss-majority": "cut the power of a random majority of the brokers at once, then restart them",
+    "power-loss-all": "cut the power of every broker at once, then restart them",
     "partition": "cut the network (isolate a broker, a leader or the controller; halves; bridge; "
                  "majorities ring) with iptables, then heal it",
 }
@@ -41,6 +46,8 @@ def build(kinds: list[str], db, nodes: list[str], keys: list[str], zookeeper_nod
             nemesis = PauseNemesis(db, nodes, keys, "leader" if kind == "pause-leader" else "random")
         elif kind == "rolling-restart":
             nemesis = RollingRestartNemesis(db, nodes)
+        elif kind.startswith("power-loss"):
+            nemesis = PowerLossNemesis(db, nodes, kind.rpartition("-")[2] if kind != "power-loss" else "random")
         elif kind == "clock":
             nemesis = ClockNemesis(db, nodes)
         else:
@@ -50,8 +57,8 @@ def build(kinds: list[str], db, nodes: list[str], keys: list[str], zookeeper_nod
         clash = [f for f in nemesis.fs if f in by_f]
         if clash:
             raise ValueError(f"nemeses {', '.join(kinds)}: {kind} repeats faults another one already does; "
-                             f"choose one kill-* kind and one pause-* kind")
+                             f"choose at most one kind each of kill-*, pause-* and power-loss-*")
         for f in nemesis.fs:
             by_f[f] = nemesis
-        pairs.append((nemesis.fs[0], nemesis.fs[1] if len(nemesis.fs) > 1 else None))
+        pairs.extend(getattr(nemesis, "pairs", None) or [(nemesis.fs[0], nemesis.fs[1] if len(nemesis.fs) > 1 else None)])
     return by_f, pairs

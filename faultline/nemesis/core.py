@@ -54,3 +54,13 @@ def leader_of_random_key(db, keys: list[str], rng: random.Random) -> tuple[str, 
     key = rng.choice(keys)
     topic, _, partition = key.rpartition("/")
     return key, db.leader(topic, int(partition))
+
+
+def pick_nodes(rng: random.Random, candidates: list[str], total: int, target: str) -> list[str]:
+    """Nodes among `candidates` (those still up) for a fault on "all" of them, a "majority" of the
+    `total` nodes, or otherwise one at random."""
+    if target == "all":
+        return sorted(candidates)
+    if target == "majority":
+        return sorted(rng.sample(candidates, min(len(candidates), total // 2 + 1)))
+    return [rng.choice(candidates)]

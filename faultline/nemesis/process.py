@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from .core import Op, leader_of_random_key
+from .core import Op, leader_of_random_key, pick_nodes
 
 
 class KillNemesis:
@@ -45,12 +45,8 @@ class KillNemesis:
                 if target is None or target not in live:
                     return {"nodes": [], "note": "no live controller to kill"}
                 targets, why = [target], {"controller": True}
-            elif self.target == "majority":
-                targets = sorted(rng.sample(live, min(len(live), len(self.nodes) // 2 + 1)))
-            elif self.target == "all":
-                targets = sorted(live)
             else:
-                targets = [rng.choice(live)]
+                targets = pick_nodes(rng, live, len(self.nodes), self.target)
             pids = {}
             for target in targets:
                 pids[target] = self.db.kill(target)
@@ -113,43 +109,107 @@ class PauseNemesis:
 
 
 class ClockNemesis:
-    """Step the wall clocks of random brokers by up to `max_skew` seconds either way; reset them.
+    """Step the wall clocks of random brokers by up to `max_skew` seconds either way, or strobe them
+    (flip between a skew and their usual offset every `period` seconds for `duration` seconds, then
+    leave them at the usual offset); reset them.
 
     The db gives each node's offset file (`clock_file(node)`), which its broker reads through
-    libfaketime."""
+    libfaketime, and the offset the node started at (`start_offset(node)`, 0 unless the test set
+    one), which is where a reset returns it. Offsets in the values are the ones written."""
 
-    fs = ("bump-clock", "reset-clock")
+    fs = ("bump-clock", "reset-clock", "strobe-clock")
+    pairs = (("bump-clock", "reset-clock"), ("strobe-clock", None))
 
-    def __init__(self, db, nodes: list[str], max_skew: int = 60):
+    def __init__(self, db, nodes: list[str], max_skew: int = 60, period: float = 1.0, duration: float = 5.0,
+                 sleep=None):
+        import time
+
         self.db = db
         self.nodes = list(nodes)
         self.max_skew = max_skew
+        # libfaketime rereads the offset file at most once a second (FAKETIME_CACHE_DURATION=1).
+        self.period = max(1.0, period)
+        self.duration = duration
+        self.sleep = sleep or time.sleep
         self.skewed: set[str] = set()
 
-    def invoke(self, op: Op) -> Any:
+    def _set(self, node: str, seconds: int) -> None:
         from ..control.clock import set_offset
 
+        set_offset(self.db.clock_file(node), seconds)
+
+    def invoke(self, op: Op) -> Any:
         if op["f"] == "reset-clock":
             return self.heal()
-        if op["f"] != "bump-clock":
+        if op["f"] not in ("bump-clock", "strobe-clock"):
             raise ValueError(f"ClockNemesis cannot perform {op['f']!r}")
         rng = random.Random(op.get("seed", 0))
         chosen = sorted(rng.sample(self.nodes, rng.randint(1, len(self.nodes))))
-        offsets = {}
+        skews = {node: rng.choice([-1, 1]) * rng.randint(1, self.max_skew) for node in chosen}
+        if op["f"] == "bump-clock":
+            offsets = {node: self.db.start_offset(node) + skew for node, skew in skews.items()}
+            for node, seconds in offsets.items():
+                self._set(node, seconds)
+                self.skewed.add(node)
+            return {"offsets_s": offsets}
+        flips = max(1, int(self.duration / self.period))
+        for flip in range(flips):
+            for node, skew in skews.items():
+                self._set(node, self.db.start_offset(node) + (skew if flip % 2 == 0 else 0))
+            self.sleep(self.period)
         for node in chosen:
-            offsets[node] = rng.choice([-1, 1]) * rng.randint(1, self.max_skew)
-            set_offset(self.db.clock_file(node), offsets[node])
-            self.skewed.add(node)
-        return {"offsets_s": offsets}
+            self._set(node, self.db.start_offset(node))
+        return {"nodes": chosen, "skews_s": skews, "period_s": self.period, "flips": flips,
+                "offsets_s": {node: self.db.start_offset(node) for node in chosen}}
 
     def heal(self) -> Any:
-        from ..control.clock import set_offset
-
         for node in self.nodes:
-            set_offset(self.db.clock_file(node), 0)
+            self._set(node, self.db.start_offset(node))
         reset = sorted(self.skewed)
         self.skewed = set()
-        return {"offsets_s": {node: 0 for node in reset}}
+        return {"offsets_s": {node: self.db.start_offset(node) for node in reset}}
+
+
+class PowerLossNemesis:
+    """Cut the power of brokers (a random one, a random majority, or all at once): their processes
+    die and what they wrote without fsync is lost (the db's `power_off`); `power-on` mounts their
+    disks again and restarts them."""
+
+    fs = ("power-off", "power-on")
+
+    def __init__(self, db, nodes: list[str], target: str = "random"):
+        self.db = db
+        self.nodes = list(nodes)
+        self.target = target
+        self.off: list[str] = []
+
+    def invoke(self, op: Op) -> Any:
+        if op["f"] == "power-on":
+            return self.heal()
+        if op["f"] != "power-off":
+            raise ValueError(f"PowerLossNemesis cannot perform {op['f']!r}")
+        rng = random.Random(op.get("seed", 0))
+        on = [n for n in self.nodes if n not in self.off]
+        if not on:
+            return {"nodes": [], "note": "every node is already off"}
+        targets = pick_nodes(rng, on, len(self.nodes), self.target)
+        done = {}
+        for node in targets:
+            done[node] = self.db.power_off(node)
+            self.off.append(node)
+        return {"nodes": targets, "signal": "SIGKILL", "unsynced_lost": True,
+                "pids": {n: d["pids"] for n, d in done.items()},
+                "unsynced_bytes": {n: d["unsynced_bytes"] for n, d in done.items()}}
+
+    def heal(self) -> Any:
+        started, pids = [], {}
+        for node in self.off:
+            pids[node] = self.db.power_on(node)
+        for node in self.off:
+            self.db.wait_ready(node)
+            started.append(node)
+        self.off = []
+        return {"nodes": started, "pids": pids}
 
 
 class RollingRestartNemesis:

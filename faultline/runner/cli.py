@@ -50,7 +50,7 @@ valid, 1 when any is invalid, 2 when any is unknown or could not be read.
 
 
 def _spec_from_args(args: argparse.Namespace):
-    from ..models.spec import DEFAULT_CONSUMER, DEFAULT_PRODUCER, TestSpec, load_toml, parse_settings
+    from ..models.spec import DEFAULT_CONSUMER, DEFAULT_PRODUCER, SpecError, TestSpec, load_toml, parse_settings
 
     fields = load_toml(args.config) if args.config else {}
     producer = dict(DEFAULT_PRODUCER)
@@ -68,6 +68,15 @@ def _spec_from_args(args: argparse.Namespace):
             fields[name] = value
     if args.nemesis is not None:
         fields["nemesis"] = [n for n in args.nemesis.split(",") if n]
+    offsets = {k: v for k, v in fields.pop("clock_offsets", {}).items()}
+    for node, seconds in parse_settings(args.clock_offset, "--clock-offset").items():
+        try:
+            offsets[node] = int(seconds)
+        except ValueError:
+            raise SpecError(f"--clock-offset {node}={seconds}: give whole seconds, for example "
+                            f"--clock-offset {node}=-30") from None
+    if offsets:
+        fields["clock_offsets"] = offsets
     return TestSpec(**fields, producer=producer, consumer=consumer, broker_settings=broker)
 
 
@@ -165,6 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--nemesis", metavar="KINDS", help="comma-separated faults (default none): " + "; ".join(
                      f"{k}: {v}" for k, v in nemesis_catalog.KINDS.items()))
     run.add_argument("--nemesis-interval", type=float, metavar="S", help="mean seconds between faults (default 10)")
+    run.add_argument("--clock-offset", action="append", default=[], metavar="NODE=SECONDS",
+                     help="start the broker on NODE with its wall clock SECONDS off (libfaketime), e.g. "
+                          "n2=-30; the clock nemeses return it there when they heal (repeatable)")
     run.add_argument("--store", metavar="DIR", help="store folder (default ./store)")
     run.add_argument("--spark-master", metavar="URL", help="Spark master for the check (default local[2])")
     run.add_argument("--model", help="guarantee model to judge by (default: from the producer settings)")
@@ -198,10 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
     repro.add_argument("--no-progress", action="store_true", help="no progress line")
     repro.set_defaults(func=cmd_repro)
 
-    clean = sub.add_parser("cleanup", help="remove namespaces, links and processes an earlier run left",
+    clean = sub.add_parser("cleanup", help="remove namespaces, links, mounts and processes an earlier run left",
                            description="Find and remove what an interrupted or killed faultline run left on "
                                        "this machine: its network namespaces (and every process in them), "
-                                       "veth links and bridges. Touches only faultline's own objects.")
+                                       "veth links and bridges, and the mounts of its power-loss file system. "
+                                       "Touches only faultline's own objects.")
     clean.add_argument("--dry-run", action="store_true", help="only list what would be removed")
     clean.add_argument("--include-live", action="store_true",
                        help="also remove the objects of runs whose harness is still running")

@@ -3,6 +3,10 @@
 In: the test spec and one `Remote` per node. Out: brokers started, stopped,
 killed, paused and resumed on their nodes (the `DB` of a Jepsen test), their
 readiness awaited, and their logs collected into the run's store folder.
+With the power-loss nemesis, each node's data directory is a mount of the
+file system that keeps unsynced writes in memory (`control/lazyfs`), run as
+the node's daemon "disk"; `power_off` kills the node's broker and that file
+system at once, `power_on` mounts the disk again and starts the broker.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import socket
 import sys
 from pathlib import Path
 
+from ..control import lazyfs
 from ..control.wait import wait_until
 from ..models.spec import TestSpec
 
@@ -19,6 +24,7 @@ log = logging.getLogger("faultline.db")
 
 BROKER_PORT = 9092
 DAEMON = "broker"
+DISK = "disk"
 
 
 # What a replicated run gives its brokers unless the test's --broker-set says otherwise: failures
@@ -90,16 +96,81 @@ class ReferenceBrokerDB:
     def log_path(self, node: str) -> Path:
         return self.node_dir(node) / "broker.log"
 
+    @property
+    def power_loss(self) -> bool:
+        return any(kind.startswith("power-loss") for kind in self.spec.nemesis)
+
+    def disk_dir(self, node: str) -> Path:
+        """What the node's disk holds: its data directory as of the last fsyncs (power-loss runs)."""
+        return self.node_dir(node) / "disk"
+
+    def mount_disk(self, node: str) -> int:
+        """Mount the node's disk on its data directory through the power-loss file system; its pid."""
+        remote, data = self.remotes[node], self.node_dir(node) / "data"
+        for path in (self.disk_dir(node), data):
+            path.mkdir(parents=True, exist_ok=True)
+        pid = remote.spawn(DISK, [sys.executable, "-m", "faultline.control.lazyfs", str(self.disk_dir(node)),
+                                  str(data)], self.node_dir(node) / "disk.log", host_mounts=True)
+
+        def mounted() -> bool:
+            if remote.pid(DISK) is None:
+                tail = (self.node_dir(node) / "disk.log").read_text()[-1500:]
+                raise RuntimeError(f"the power-loss file system on {node} exited; its log ends:\n{tail}")
+            probe = remote.run(["findmnt", "-n", "-o", "SOURCE", "--mountpoint", str(data)], check=False,
+                               host_mounts=True)
+            return probe.stdout.strip() == lazyfs.FSNAME
+
+        wait_until(mounted, 30, f"the power-loss file system on {node} did not mount {data}")
+        return pid
+
+    def unmount_disk(self, node: str) -> None:
+        self.remotes[node].run(["sh", "-c", 'findmnt --mountpoint "$1" >/dev/null && umount -l "$1" || true', "-",
+                                str(self.node_dir(node) / "data")], host_mounts=True)
+
+    def power_off(self, node: str) -> dict:
+        """Cut the node's power: SIGKILL its broker and its file system at once, so what the broker
+        wrote but did not fsync is gone. Says the pids killed and how many bytes of file length
+        were not on the disk."""
+        remote = self.remotes[node]
+        pids = {"broker": remote.pid(DAEMON), "disk": remote.pid(DISK)}
+        remote.kill(DAEMON)
+        unsynced = self._bytes(node, self.node_dir(node) / "data") - self._bytes(node, self.disk_dir(node))
+        remote.kill(DISK)
+        self.unmount_disk(node)
+        return {"pids": pids, "unsynced_bytes": max(0, unsynced)}
+
+    def power_on(self, node: str) -> int:
+        """Mount the node's disk again and start its broker (which recovers its log); the broker's pid."""
+        return self.start(node)
+
+    def _bytes(self, node: str, path: Path) -> int:
+        out = self.remotes[node].run(["du", "-s", "-b", "--apparent-size", str(path)], check=False,
+                                     host_mounts=True).stdout.split()
+        return int(out[0]) if out and out[0].isdigit() else 0
+
+    @property
+    def skewable(self) -> bool:
+        """Whether brokers run under libfaketime: a clock nemesis, or clocks that start off."""
+        return bool(self.spec.clock_offsets) or any(k.startswith("clock") for k in self.spec.nemesis)
+
+    def start_offset(self, node: str) -> int:
+        """The seconds the node's wall clock starts off by (--clock-offset), where clock faults heal to."""
+        return int(self.spec.clock_offsets.get(node, 0))
+
     def clock_file(self, node: str) -> Path:
         """The node's wall-clock offset, read by its broker through libfaketime (clock nemesis)."""
         return self.node_dir(node) / "faketime"
 
     def start(self, node: str) -> int:
         remote = self.remotes[node]
+        if self.power_loss and remote.pid(DISK) is None:
+            self.mount_disk(node)
         env = None
-        if "clock" in self.spec.nemesis:
-            from ..control.clock import environment
+        if self.skewable:
+            from ..control.clock import environment, set_offset
 
+            if not self.clock_file(node).exists():
+                set_offset(self.clock_file(node), self.start_offset(node))
             env = environment(self.clock_file(node))
         pid = remote.spawn(DAEMON, self.command(node), self.log_path(node), env=env)
         log.info("started broker %d on %s (pid %d)", self.node_ids[node], node, pid)
@@ -158,8 +229,16 @@ class ReferenceBrokerDB:
                     log.warning("broker on %s exited with status %s", node, status)
             except Exception as exc:  # noqa: BLE001 - teardown goes on for the other nodes
                 log.warning("stopping the broker on %s failed: %s", node, exc)
+            if self.power_loss:
+                try:
+                    remote.stop(DISK, 10)  # the broker flushed everything on its clean shutdown
+                    self.unmount_disk(node)
+                except Exception as exc:  # noqa: BLE001
+                    log.warning("unmounting the disk of %s failed: %s", node, exc)
         for node, remote in self.remotes.items():
             dest = store_dir / "nodes" / node
             dest.mkdir(parents=True, exist_ok=True)
             if self.log_path(node).exists():
                 remote.download(self.log_path(node), dest / "broker.log")
+            if (self.node_dir(node) / "disk.log").exists():
+                remote.download(self.node_dir(node) / "disk.log", dest / "disk.log")

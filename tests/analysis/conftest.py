@@ -32,6 +32,7 @@ def by_scenario(full: dict[str, list[dict]]) -> dict[str, dict[str, list[dict]]]
     out: dict[str, dict[str, list[dict]]] = {}
     for kind, witnesses in full.items():
         for w in witnesses:
-            key = w["key"] if "key" in w else w["steps"][0]["key"]  # a cycle: the key of its first step
+            # A cycle: the key of its first step that has one (order steps have none).
+            key = w["key"] if "key" in w else next(st["key"] for st in w["steps"] if st["key"])
             out.setdefault(key.split("-t/")[0], {}).setdefault(kind, []).append(w)
     return out

@@ -592,6 +592,24 @@ def dependencies_in_one_order(s):
     s.poll(c, [(x, 0, 1), (x, 1, 4), (y, 0, 2), (y, 1, 5), (z, 0, 3)])
 
 
+@scenario
+def written_before_an_acknowledged_write(s):
+    x, y, p, q, c = s.key("0"), s.key("1"), s.process(), s.process(), s.process()
+    a = s.send(p, [(x, 1, 1), (y, 2, 1)])  # acknowledged at offset 1 of each...
+    b = s.send(q, [(x, 3, 0), (y, 4, 0)])  # ...then a later send lands before it in both
+    s.assign(c, [x, y], seek=True)
+    s.poll(c, [(x, 0, 3), (x, 1, 1), (y, 0, 4), (y, 1, 2)])
+    return {"a": a, "b": b, "x": x}
+
+
+def test_g0_realtime_a_send_invoked_after_another_completed_lands_before_it(found):
+    f, ix = found("written_before_an_acknowledged_write")
+    a, b = ix["a"], ix["b"]
+    assert set(f) == {"G0-realtime"}
+    assert f["G0-realtime"] == [{"size": 2, "ops": [a, b], "steps": [
+        {"from": a, "to": b, "type": "realtime", "key": None}, {"from": b, "to": a, "type": "ww", "key": ix["x"]}]}]
+
+
 def test_no_cycle_when_every_dependency_runs_one_way(found):
     assert found("dependencies_in_one_order")[0] == {}
 
@@ -652,6 +670,7 @@ def test_the_python_engine_finds_exactly_what_spark_finds(catalog):
     assert catalog["oracle_full"] == catalog["full"]
     assert (python_result.stats, python_result.notes) == (spark_result.stats, spark_result.notes)
     assert python_result.dependencies == spark_result.dependencies
+    assert python_result.hubs == spark_result.hubs
 
 
 def test_every_witness_of_the_catalog_is_explained_with_its_operations(catalog):

@@ -46,11 +46,13 @@ def check(spark, faults, rnd, steps):
             assert analysis.examples.get(kind) == oracle.examples.get(kind), kind
         assert (analysis.stats, analysis.notes) == (oracle.stats, oracle.notes)
         assert analysis.dependencies == oracle.dependencies
+        assert analysis.hubs == oracle.hubs
         found = by_scenario(analysis.examples)
         # Cycles span keys: a cycle belongs to the scenario owning the keys of its steps.
-        for kind, witnesses in add_cycles(Analysis(dependencies=analysis.dependencies), limit=100_000).examples.items():
+        for kind, witnesses in add_cycles(Analysis(dependencies=analysis.dependencies, hubs=analysis.hubs),
+                                            limit=100_000).examples.items():
             for w in witnesses:
-                owners = {st["key"].split("-t/")[0] for st in w["steps"]}
+                owners = {st["key"].split("-t/")[0] for st in w["steps"] if st["key"]}
                 assert len(owners) == 1, w
                 found.setdefault(owners.pop(), {}).setdefault(kind, []).append(w)
         for run in runs:

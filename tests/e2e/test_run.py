@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from faultline.control import lazyfs
 from faultline.models.history import read_history
 from faultline.control.wait import wait_until
 
@@ -28,6 +30,9 @@ def ours(listing: str) -> list[str]:
     return [line for line in listing.splitlines() if "faultline" in line or " fl" in line]
 
 
+NOTHING_LEFT = {"namespaces": [], "links": [], "processes": [], "mounts": []}
+
+
 def leftovers() -> dict[str, list[str]]:
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
@@ -35,11 +40,15 @@ def leftovers() -> dict[str, list[str]]:
     # of other tests (another checkout's suite, say) are none of these tests' business.
     procs = subprocess.run(["pgrep", "-af", "faultline.broker.main .*--data-dir /tmp/faultline-"],
                            capture_output=True, text=True).stdout
+    procs += subprocess.run(["pgrep", "-af", "faultline.control.lazyfs /tmp/faultline-"], capture_output=True,
+                            text=True).stdout
     procs += subprocess.run(["pgrep", "-af", "QuorumPeerMain /tmp/faultline-"], capture_output=True, text=True).stdout
     return {
         "namespaces": [l for l in netns.splitlines() if l.startswith("faultline-")],
         "links": [l.split(":")[1].strip() for l in links.splitlines() if l.split(":")[1].strip().startswith("fl")],
         "processes": [l for l in procs.splitlines() if l.strip()],
+        # The power-loss file system's mounts (of any run: a test run by hand is as much a leftover).
+        "mounts": lazyfs.mounts(),
     }
 
 
@@ -66,7 +75,31 @@ def test_healthy_run_is_valid(tmp_path):
     read = {r["value"] for op in history if op["type"] == "ok" and op["f"] == "poll"
             for m in op["mops"] for r in m.get("records", [])}
     assert acked and acked <= read
-    assert leftovers() == {"namespaces": [], "links": [], "processes": []}
+    assert leftovers() == NOTHING_LEFT
+
+
+def test_a_broker_started_under_a_clock_offset_and_strobed_stamps_the_skewed_time(tmp_path):
+    store = tmp_path / "store"
+    # Seed 3's schedule strobes first (5 s of flips), then steps the clock and heals it.
+    proc = faultline("run", "--time-limit", "12", "--rate", "50", "--concurrency", "2", "--seed", "3",
+                     "--clock-offset", "n1=7200", "--nemesis", "clock", "--nemesis-interval", "3",
+                     "--store", str(store), "--no-progress")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_dir = (store / "latest").resolve()
+    assert json.loads((run_dir / "test.json").read_text())["clock_offsets"] == {"n1": 7200}
+    first = (run_dir / "nodes" / "n1" / "broker.log").read_text().split()[0]
+    ahead = datetime.datetime.fromisoformat(first.replace("Z", "+00:00")) - datetime.datetime.fromtimestamp(
+        (run_dir / "test.json").stat().st_mtime, datetime.timezone.utc)
+    assert datetime.timedelta(hours=1.5) < ahead < datetime.timedelta(hours=2.5), first
+    faults = [op for op in read_history(run_dir / "history.jsonl").ops
+              if op["process"] == "nemesis" and op["type"] == "info"]
+    strobes = [op["value"] for op in faults if op["f"] == "strobe-clock"]
+    assert strobes and strobes[0]["nodes"] == ["n1"] and strobes[0]["flips"] == 5, faults
+    for op in faults:  # every repair returns n1 to where it started, not to +0
+        value = op["value"].get("ClockNemesis", op["value"]) if op["f"] == "heal" else op["value"]
+        if op["f"] in ("reset-clock", "strobe-clock", "heal"):
+            assert set(value["offsets_s"].values()) <= {7200}, op
+    assert leftovers() == NOTHING_LEFT
 
 
 def test_each_kill_ends_the_broker_and_the_restarted_one_serves_again(tmp_path):
@@ -97,7 +130,7 @@ def test_each_kill_ends_the_broker_and_the_restarted_one_serves_again(tmp_path):
                       if op["index"] > start["index"] and op["f"] == "send" and op["type"] == "ok"]
             assert served, f"no send succeeded after the restart at index {start['index']}"
     assert results["model"] == "best-effort"
-    assert leftovers() == {"namespaces": [], "links": [], "processes": []}
+    assert leftovers() == NOTHING_LEFT
 
 
 def test_cleanup_after_the_harness_is_killed(tmp_path):
@@ -114,7 +147,7 @@ def test_cleanup_after_the_harness_is_killed(tmp_path):
         assert leftovers()["processes"], "the broker should outlive a SIGKILLed harness"
         cleaned = faultline("cleanup")
         assert cleaned.returncode == 0, cleaned.stderr
-        assert leftovers() == {"namespaces": [], "links": [], "processes": []}, cleaned.stdout
+        assert leftovers() == NOTHING_LEFT, cleaned.stdout
         # Running it again finds nothing more to do.
         again = faultline("cleanup")
         assert again.returncode == 0
@@ -162,4 +195,4 @@ def test_the_same_seed_gives_the_same_schedule_and_invocations(tmp_path):
     assert set(workers1) == set(workers2) == {0, 1, 2}
     compared = sum(common_prefix(workers1[w], workers2[w]) for w in workers1)
     assert compared >= 30, (workers1, workers2)
-    assert leftovers() == {"namespaces": [], "links": [], "processes": []}
+    assert leftovers() == NOTHING_LEFT
