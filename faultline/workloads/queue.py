@@ -20,9 +20,11 @@ import random
 import time
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 Op = dict[str, Any]
+
+LOG_START = 0
 
 # librdkafka's own log lines (connection refused while a broker is down, ...) go here;
 # the runner sends them to clients.log in the run's store folder.
@@ -210,7 +212,13 @@ class QueueClient:
             # an assign needs no group coordinator: a key read before resumes where it was.
             if op.get("seek_to_beginning"):
                 self.positions.pop(key, None)
-            offset = self.positions.get(key, OFFSET_BEGINNING)
+            # "From the beginning" is offset 0, not the logical OFFSET_BEGINNING: librdkafka (2.16)
+            # resolves a logical start by ListOffsets, and when a later assign makes an answer
+            # outdated it queries the logical start again half a second on, even after the
+            # partition has moved to a concrete offset, rewinding the consumer to 0 in the middle
+            # of a poll (tests/test_queue_client.py). A log that no longer starts at 0 answers
+            # OFFSET_OUT_OF_RANGE, and auto.offset.reset=earliest moves the consumer to its start.
+            offset = self.positions.get(key, LOG_START)
             partitions.append(TopicPartition(topic, partition, offset))
         try:
             self.consumer.assign(partitions)
