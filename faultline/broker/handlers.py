@@ -321,6 +321,11 @@ class Handlers:
                 hw = plog.high_watermark
                 entry.update(high_watermark=hw, last_stable_offset=hw, log_start_offset=plog.log_start_offset)
                 if not plog.log_start_offset <= p.fetch_offset <= plog.log_end_offset:
+                    # A consumer told this resets its position (auto.offset.reset): worth a line in the log.
+                    log.warning("%s: fetch at offset %d by %s is out of range (log %d..%d, high watermark %d, "
+                                "epoch %d)", replica.name, p.fetch_offset,
+                                f"broker {replica_id}" if replica_id >= 0 else "a consumer",
+                                plog.log_start_offset, plog.log_end_offset, hw, replica.leader_epoch)
                     entry["error_code"] = ErrorCode.offset_out_of_range
                     parts.append(entry)
                     continue
@@ -413,6 +418,10 @@ class Handlers:
                 try:
                     replica = self.replicas.leader_replica(topic.topic, p.partition, p.current_leader_epoch)
                     epoch, end = replica.log.epochs.end_offset_for(p.leader_epoch, replica.log.log_end_offset)
+                    if end < 0:
+                        # librdkafka resets a consumer by auto.offset.reset on this answer.
+                        log.warning("%s: OffsetForLeaderEpoch for epoch %d: no epoch <= it is known here "
+                                    "(epochs %s)", replica.name, p.leader_epoch, replica.log.epochs.entries)
                     entry.update(error_code=ErrorCode.none, leader_epoch=epoch, end_offset=end)
                 except BrokerError as exc:
                     entry["error_code"] = exc.code

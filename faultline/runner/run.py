@@ -93,7 +93,9 @@ def run_test(spec: TestSpec, show_progress: bool = True) -> tuple[int, Path]:
     client_log.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     librdkafka = logging.getLogger("faultline.librdkafka")
     librdkafka.addHandler(client_log)
-    librdkafka.setLevel(logging.INFO)
+    # librdkafka emits its `debug=...` contexts at debug level: whoever set one wants to read them.
+    asked_debug = any(settings.get("debug") for settings in (spec.producer, spec.consumer))
+    librdkafka.setLevel(logging.DEBUG if asked_debug else logging.INFO)
     librdkafka.propagate = False
 
     def describe() -> str:
