@@ -26,7 +26,7 @@ from confluent_kafka.admin import AdminClient
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from broker_throughput import bench, report  # noqa: E402
 
-from faultline.runner.zookeeper import LocalZooKeeper  # noqa: E402
+from faultline.db.zookeeper import LocalZooKeeper  # noqa: E402
 
 
 def free_port() -> int:

@@ -99,7 +99,7 @@ def zookeeper(tmp_path_factory):
     """A ZooKeeper for the whole session (Debian's server, no namespace, no root); yields its
     connect string. Tests share it, so each cluster keeps its znodes under a chroot of its own
     (`zookeeper.connect=<connect>/<name>`)."""
-    from faultline.runner.zookeeper import LocalZooKeeper
+    from faultline.db.zookeeper import LocalZooKeeper
 
     zk = LocalZooKeeper(tmp_path_factory.mktemp("zookeeper")).start()
     yield zk.connect

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kazoo.client import KazooClient
 
-from faultline.runner.zookeeper import LocalZooKeeper, four_letter
+from faultline.db.zookeeper import LocalZooKeeper, four_letter
 
 
 def test_the_shared_zookeeper_serves_writes_under_a_chroot(zookeeper):

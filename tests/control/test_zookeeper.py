@@ -9,7 +9,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from faultline.control.wait import wait_until
-from faultline.runner.zookeeper import ZooKeeperDB, four_letter
+from faultline.db.zookeeper import ZooKeeperDB, four_letter
 
 
 def client(connect: str) -> KazooClient:
@@ -45,7 +45,7 @@ def test_an_ensemble_of_three_replicates_and_survives_one_member(make_cluster, t
 
 
 def test_a_missing_zookeeper_package_is_named(make_cluster, tmp_path, monkeypatch):
-    from faultline.runner import zookeeper
+    from faultline.db import zookeeper
 
     monkeypatch.setattr(zookeeper, "JAR", tmp_path / "no-such.jar")
     cluster = make_cluster(("zk1",))
@@ -54,7 +54,7 @@ def test_a_missing_zookeeper_package_is_named(make_cluster, tmp_path, monkeypatc
 
 
 def test_a_standalone_server_in_a_namespace_serves_and_cluster_view_reads_it(make_cluster, tmp_path):
-    from faultline.runner.zookeeper import ClusterView
+    from faultline.db.zookeeper import ClusterView
 
     cluster = make_cluster(("zk1",))
     zk = ZooKeeperDB(cluster.remotes, tmp_path / "work")
@@ -126,7 +126,7 @@ def test_cleanup_kills_a_zookeeper_its_harness_left(make_cluster, tmp_path):
 def test_a_server_that_cannot_start_is_reported_at_once_with_its_log(make_cluster, tmp_path, monkeypatch):
     import time
 
-    from faultline.runner import zookeeper
+    from faultline.db import zookeeper
 
     good = zookeeper.zoo_cfg
     monkeypatch.setattr(zookeeper, "zoo_cfg", lambda *a, **k: good(*a, **k).replace("tickTime=500", "tickTime=soon"))

@@ -30,8 +30,8 @@ from ..nemesis import catalog
 from ..nemesis.core import Schedule
 from ..workloads.queue import QueueClient
 from .checking import check_with_progress
-from .db import ReferenceBrokerDB
-from .zookeeper import ZooKeeperDB
+from ..db.reference import ReferenceBrokerDB
+from ..db.zookeeper import ZooKeeperDB
 from .interpreter import Phase, run_phases
 from .progress import Progress
 from .store import create_run_dir
