@@ -1,6 +1,7 @@
-"""The system under test on each node: the reference broker, through a Remote.
+"""The reference broker as a system under test (a `DB`), through a Remote per node.
 
-In: the test spec and one `Remote` per node. Out: brokers started, stopped,
+In: the test spec and one `Remote` per node (brokers `n1..nN`, and for a
+replicated cluster ZooKeeper on `zk1..zkM`). Out: ZooKeeper and the brokers started, stopped,
 killed, paused and resumed on their nodes (the `DB` of a Jepsen test), their
 readiness awaited, and their logs collected into the run's store folder.
 With the power-loss nemesis, each node's data directory is a mount of the
@@ -19,6 +20,8 @@ from pathlib import Path
 from ..control import lazyfs
 from ..control.wait import wait_until
 from ..models.spec import TestSpec
+from .core import DB
+from .zookeeper import ZooKeeperDB
 
 log = logging.getLogger("faultline.db")
 
@@ -32,19 +35,28 @@ DISK = "disk"
 CLUSTER_DEFAULTS = {"zookeeper.session.timeout.ms": "6000", "replica.lag.time.max.ms": "10000"}
 
 
-class ReferenceBrokerDB:
-    """Runs `faultline broker` on every node; node i (from 1) is broker id i.
+class ReferenceBrokerDB(DB):
+    """Runs `faultline broker` on every broker node; node i (from 1) is broker id i.
 
-    With `zookeeper_connect` the brokers form a replicated cluster; `leader()` and
+    With ZooKeeper nodes (`zk1`..) the brokers form a replicated cluster; `leader()` and
     `controller()` then say, from ZooKeeper, which node leads a partition and which
     is the controller (for nemeses that target them). Standalone, the one node is both."""
 
-    def __init__(self, spec: TestSpec, remotes: dict, workdir: Path, zookeeper_connect: str | None = None):
+    @staticmethod
+    def node_names(spec: TestSpec) -> tuple[list[str], list[str]]:
+        """(broker nodes, ZooKeeper nodes) a test of this spec runs on."""
+        return ([f"n{i + 1}" for i in range(spec.nodes)],
+                [f"zk{i + 1}" for i in range(spec.effective_zookeeper_nodes)])
+
+    def __init__(self, spec: TestSpec, remotes: dict, workdir: Path):
         self.spec = spec
-        self.remotes = remotes
+        self.nodes, self.support_nodes = self.node_names(spec)
+        self.remotes = {n: remotes[n] for n in self.nodes}
         self.workdir = workdir
-        self.node_ids = {name: i + 1 for i, name in enumerate(remotes)}
-        self.zookeeper_connect = zookeeper_connect
+        self.node_ids = {name: i + 1 for i, name in enumerate(self.nodes)}
+        self.zookeeper = (ZooKeeperDB({n: remotes[n] for n in self.support_nodes}, workdir)
+                          if self.support_nodes else None)
+        self.zookeeper_connect = self.zookeeper.connect if self.zookeeper else None
         self._view = None
 
     def settings(self) -> dict[str, str]:
@@ -189,6 +201,8 @@ class ReferenceBrokerDB:
         wait_until(accepting, timeout, f"the broker on {node} did not accept connections on {host}:{port}")
 
     def setup(self) -> None:
+        if self.zookeeper is not None:
+            self.zookeeper.setup()
         for node in self.remotes:
             self.node_dir(node).mkdir(parents=True, exist_ok=True)
             self.start(node)
@@ -214,7 +228,14 @@ class ReferenceBrokerDB:
         return self.remotes[node].pid(DAEMON) is not None
 
     def teardown(self, store_dir: Path) -> None:
-        """Stop every broker cleanly and copy its log into store/nodes/<node>/."""
+        """Stop every broker cleanly, then ZooKeeper, and copy their logs into store/nodes/<node>/."""
+        try:
+            self._teardown_brokers(store_dir)
+        finally:
+            if self.zookeeper is not None:
+                self.zookeeper.teardown(store_dir)
+
+    def _teardown_brokers(self, store_dir: Path) -> None:
         if self._view is not None:
             self._view.close()
             self._view = None

@@ -36,6 +36,7 @@ class SpecError(ValueError):
 
 @dataclass
 class TestSpec:
+    __test__ = False  # not a pytest test class
     name: str = "queue"
     workload: str = "queue"
     broker: str = "reference"
@@ -80,8 +81,6 @@ class TestSpec:
         need(self.nemesis_interval > 0, "nemesis-interval must be a positive number of seconds")
         rf = self.effective_replication_factor
         need(1 <= rf <= self.nodes, f"replication-factor={rf} needs that many nodes; nodes={self.nodes}")
-        need(self.workload == "queue", f"workload {self.workload!r} is unknown; the one workload is 'queue'")
-        need(self.broker == "reference", f"broker {self.broker!r} is unknown; use 'reference'")
         zk = self.effective_zookeeper_nodes
         need(zk >= 0, f"zookeeper-nodes={zk}: give 0 (a standalone broker) or more")
         need(zk >= 1 or self.nodes == 1,

@@ -29,24 +29,37 @@ class Nemesis(Protocol):
 
 class Schedule:
     """Fault, repair, fault, repair, ...: each fault kind is a (start, stop) pair of fs; a kind whose
-    fault ends by itself (a rolling restart) has no stop f."""
+    fault ends by itself (a rolling restart) has no stop f.
 
-    def __init__(self, seed: int, pairs: list[tuple[str, str]], interval: float):
-        self.rng = random.Random(f"{seed}/nemesis")
-        self.pairs = pairs
+    A pure step function over an immutable state, so that the interpreter's generator
+    (`Unfold(schedule.step, schedule.start)`) can ask for an op and not take it: `step(state)` ->
+    `(op, delay in seconds before it, next state)`."""
+
+    def __init__(self, seed: int, pairs: list[tuple[str, str | None]], interval: float):
+        self.pairs = list(pairs)
         self.interval = interval
-        self._pending_stop: str | None = None
+        # (the random stream's state, the repair owed for the last fault)
+        self.start = (random.Random(f"{seed}/nemesis").getstate(), None)
 
-    def next_op(self) -> Op:
-        if self._pending_stop is not None:
-            f, self._pending_stop = self._pending_stop, None
-            return {"f": f}
-        start, stop = self.rng.choice(self.pairs)  # stop is None for a fault that repairs itself
-        self._pending_stop = stop
-        return {"f": start, "seed": self.rng.randrange(2**31)}
+    def step(self, state) -> tuple[Op, float, tuple]:
+        rng_state, pending_stop = state
+        rng = random.Random()
+        rng.setstate(rng_state)
+        if pending_stop is not None:
+            op, pending_stop = {"f": pending_stop}, None
+        else:
+            start, pending_stop = rng.choice(self.pairs)  # stop is None for a fault that repairs itself
+            op = {"f": start, "seed": rng.randrange(2**31)}
+        delay = self.interval * rng.uniform(0.5, 1.5)
+        return op, delay, (rng.getstate(), pending_stop)
 
-    def delay(self) -> float:
-        return self.interval * self.rng.uniform(0.5, 1.5)
+    def ops(self, n: int) -> list[tuple[Op, float]]:
+        """The first `n` (op, delay) pairs: the schedule as a list, to look at."""
+        out, state = [], self.start
+        for _ in range(n):
+            op, delay, state = self.step(state)
+            out.append((op, delay))
+        return out
 
 
 def leader_of_random_key(db, keys: list[str], rng: random.Random) -> tuple[str, str | None]:

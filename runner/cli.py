@@ -82,10 +82,12 @@ def _spec_from_args(args: argparse.Namespace):
 
 def cmd_run(args: argparse.Namespace) -> int:
     from ..models.spec import SpecError
+    from . import testmap
     from .run import run_test
 
     try:
         spec = _spec_from_args(args)
+        testmap.validate(spec)
     except (SpecError, TypeError) as exc:
         print(f"faultline run: {exc}", file=sys.stderr)
         return 2
@@ -101,10 +103,12 @@ def cmd_repro(args: argparse.Namespace) -> int:
     import dataclasses
 
     from ..models.spec import SpecError, load_stored
+    from . import testmap
     from .run import run_test
 
     try:
         spec = load_stored(args.store_dir)
+        testmap.validate(spec)
     except (SpecError, TypeError, ValueError) as exc:
         print(f"faultline repro: {exc}", file=sys.stderr)
         return 2

@@ -1,177 +1,210 @@
-"""The interpreter: runs client workers and the nemesis, recording every
-invocation and completion in the history.
+"""The interpreter: consumes any generator, performing its operations on worker threads and
+recording every invocation and completion in the history (Jepsen's `generator.interpreter`).
 
-In: the spec, a `HistoryWriter`, a client factory (worker -> client), the
-nemeses by function and their schedule. Out: the history, written as the
-operations happen: a main phase of `time_limit` seconds at `rate` ops/s over
-`concurrency` workers while the nemesis acts, a heal phase that undoes every
-fault, then a final phase in which every worker reads every key to its end.
+In: a generator (`workloads.generator`), the number of client threads, a client factory
+(process -> an unopened `Client`), the nemesis (`NemesisClient`, or None for a run without
+faults) and a `HistoryWriter`. Out: the history, written as operations happen, once the
+generator is exhausted and every operation has completed.
 
-Process numbering follows Jepsen: after an `info` completion the worker's
-client is reopened and it carries on as process (old + concurrency).
+One scheduling loop (the calling thread) asks the generator for the next operation, waits until
+it is due, hands it to the free thread it names and records the invocation; each thread performs
+one operation at a time and hands its completion back, which the loop records and feeds to the
+generator. Only the loop writes the history, so its lines are in the order the loop saw them.
+
+Process numbering follows Jepsen: after an `info` completion the thread's client is closed and
+the thread carries on as process (old + number of client threads), with a new client.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from typing import Any, Callable
 
 from ..models.history import HistoryWriter
-from ..models.spec import TestSpec
-from ..nemesis.core import Schedule
-from ..workloads.queue import QueueGenerator, final_read
+from ..workloads.generator import NEMESIS, PENDING, Context
 
 log = logging.getLogger("faultline.interpreter")
 
+# How long the loop sleeps at most when it has nothing to do: time-bound generators (a time
+# limit running out) change their answer with no completion to wake the loop.
+IDLE_WAIT = 0.05
+_STOP = object()
 
-class Phase:
-    def __init__(self) -> None:
-        self.name = "setup"
-        self.started = time.monotonic()
 
+class NemesisClient:
+    """Performs nemesis operations: each f by the nemesis that owns it, and `heal` by every
+    nemesis at once. A completion is always `info` (a fault's effect is never certain), with
+    what was done as its value, or the error."""
 
-class Worker(threading.Thread):
-    def __init__(self, index: int, spec: TestSpec, history: HistoryWriter, make_client: Callable[[int], Any],
-                 stop: threading.Event, main_deadline: float, final_deadline_of: Callable[[], float]):
-        super().__init__(name=f"worker-{index}", daemon=True)
-        self.index = index
-        self.spec = spec
-        self.history = history
-        self.make_client = make_client
-        self.stop = stop
-        self.main_deadline = main_deadline
-        self.final_deadline_of = final_deadline_of
-        self.process = index
-        self.generator = QueueGenerator(spec.seed, index, spec.concurrency, spec.keys, spec.max_sends_per_op)
-        self.client = None
-        self.main_done = threading.Event()
-        self.caught_up = False
-        self.error: BaseException | None = None
+    def __init__(self, nemeses: dict[str, Any]):
+        self.nemeses = nemeses
 
-    def _open(self) -> None:
-        self.client = self.make_client(self.process)
-        self.client.open()
+    def open(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
     def invoke(self, op: dict) -> dict:
-        self.history.append({"process": self.process, "type": "invoke", **op})
         try:
-            result = self.client.invoke(op)
-        except Exception as exc:  # noqa: BLE001 - an unknown outcome is an info, as in Jepsen
-            log.warning("process %d: %s raised %r", self.process, op["f"], exc)
-            result = {"type": "info", "error": f"{type(exc).__name__}: {exc}"}
-        completion = self.history.append({"process": self.process, "type": result["type"], **op, **result})
-        if completion["type"] == "info":
-            self.client.close()
-            self.process += self.spec.concurrency
-            self.generator.crashed()
-            self._open()
-        return completion
-
-    def run(self) -> None:
-        try:
-            self._open()
-            while not self.stop.is_set():
-                op = self.generator.next_op()
-                delay = self.generator.delay(self.spec.rate)
-                if time.monotonic() + delay >= self.main_deadline or self.stop.wait(delay):
-                    break
-                self.invoke(op)
-            self.main_done.set()
-            # The final phase starts once the runner has healed the cluster.
-            while not self.stop.is_set() and self.final_deadline_of() == 0:
-                time.sleep(0.05)
-            deadline = self.final_deadline_of()
-            while not self.stop.is_set() and time.monotonic() < deadline:
-                if final_read(self.client, self.invoke, self.spec.keys, deadline):
-                    self.caught_up = True
-                    break
-        except BaseException as exc:  # noqa: BLE001 - reported by the runner
-            self.error = exc
-            log.exception("worker %d failed", self.index)
-        finally:
-            self.main_done.set()
-            if self.client is not None:
-                self.client.close()
-
-
-class NemesisThread(threading.Thread):
-    def __init__(self, history: HistoryWriter, nemeses: dict[str, Any], schedule: Schedule | None,
-                 stop: threading.Event, deadline: float):
-        super().__init__(name="nemesis", daemon=True)
-        self.history = history
-        self.nemeses = nemeses
-        self.schedule = schedule
-        self.stop = stop
-        self.deadline = deadline
-        self.error: BaseException | None = None
-
-    def perform(self, op: dict, heal: bool = False) -> None:
-        self.history.append({"process": "nemesis", "type": "invoke", **op})
-        try:
-            if heal:
+            if op["f"] == "heal":
                 # One nemesis serves several fs: heal each once.
                 distinct = {id(n): n for n in self.nemeses.values()}.values()
                 value = {type(n).__name__: n.heal() for n in distinct}
             else:
                 value = self.nemeses[op["f"]].invoke(op)
-            self.history.append({"process": "nemesis", "type": "info", **op, "value": value})
+            return {"type": "info", "value": value}
         except Exception as exc:  # noqa: BLE001 - recorded; the run goes on
             log.exception("nemesis %s failed", op["f"])
-            self.history.append({"process": "nemesis", "type": "info", **op, "error": f"{type(exc).__name__}: {exc}"})
+            return {"type": "info", "error": f"{type(exc).__name__}: {exc}"}
+
+
+class Worker(threading.Thread):
+    """One thread of the test: performs the ops it is handed with a client opened for the op's
+    process (reopened when the process changes), and hands back (thread, op, completion fields)."""
+
+    def __init__(self, thread, make_client: Callable[[Any], Any], outbox: queue.Queue):
+        super().__init__(name=f"worker-{thread}", daemon=True)
+        self.thread = thread
+        self.make_client = make_client
+        self.outbox = outbox
+        self.inbox: queue.Queue = queue.Queue()
+        self.client = None
+        self.process = None
+
+    def _client_for(self, process):
+        if self.client is None or process != self.process:
+            self._close()
+            self.client = self.make_client(process)
+            self.client.open()
+            self.process = process
+        return self.client
+
+    def _close(self) -> None:
+        if self.client is not None:
+            client, self.client = self.client, None
+            client.close()
+
+    def perform(self, op: dict) -> dict:
+        client = self._client_for(op["process"])
+        fields = {k: v for k, v in op.items() if k not in ("process", "type", "index", "time")}
+        try:
+            return client.invoke(fields)
+        except Exception as exc:  # noqa: BLE001 - an unknown outcome is an info, as in Jepsen
+            log.warning("process %s: %s raised %r", op["process"], op["f"], exc)
+            return {"type": "info", "error": f"{type(exc).__name__}: {exc}"}
 
     def run(self) -> None:
-        if not self.schedule:
-            return
         try:
-            while not self.stop.is_set():
-                op = self.schedule.next_op()
-                delay = self.schedule.delay()
-                if time.monotonic() + delay >= self.deadline or self.stop.wait(delay):
+            while (op := self.inbox.get()) is not _STOP:
+                try:
+                    result = self.perform(op)
+                except BaseException as exc:  # noqa: BLE001 - the loop stops the run and reports it
+                    log.exception("worker %s failed", self.thread)
+                    self.outbox.put((self.thread, op, exc))
+                    return
+                if result["type"] == "info":
+                    self._close()  # the process is over; the next op opens a client for its successor
+                self.outbox.put((self.thread, op, result))
+        finally:
+            try:
+                self._close()
+            except Exception:  # noqa: BLE001 - closing a broken client must not hide why it broke
+                log.exception("closing the client of worker %s failed", self.thread)
+
+
+class Interpreter:
+    """Runs one generator to its end. `phase` names the phase of a `Phases` generator being run
+    (for progress lines); `completed` counts completions by type."""
+
+    def __init__(self, generator, concurrency: int, make_client: Callable[[int], Any], history: HistoryWriter,
+                 nemesis: NemesisClient | None = None):
+        self.generator = generator
+        self.concurrency = concurrency
+        self.history = history
+        self.outbox: queue.Queue = queue.Queue()
+        self.workers = {t: Worker(t, make_client, self.outbox) for t in range(concurrency)}
+        if nemesis is not None:
+            self.workers[NEMESIS] = Worker(NEMESIS, lambda process: nemesis, self.outbox)
+        self.processes: dict[Any, Any] = {t: t for t in range(concurrency)}
+        if nemesis is not None:
+            self.processes[NEMESIS] = NEMESIS
+        self.phase = getattr(generator, "phase", "main")
+        self.started = time.monotonic()
+        self.since = {t: 0.0 for t in self.workers}  # seconds since the start at which each became free
+
+    def _context(self, free: set) -> Context:
+        return Context(time.monotonic() - self.started, frozenset(free), tuple(self.workers), dict(self.processes),
+                       {t: self.since[t] for t in free})
+
+    def run(self) -> None:
+        for w in self.workers.values():
+            w.start()
+        try:
+            self._loop()
+        finally:
+            for w in self.workers.values():
+                w.inbox.put(_STOP)
+            for w in self.workers.values():
+                w.join(10)
+                if w.is_alive():
+                    log.warning("worker %s is still inside an operation; leaving it behind", w.thread)
+
+    def _loop(self) -> None:
+        gen = self.generator
+        free = set(self.workers)
+        self.started = time.monotonic()
+        self.since = {t: 0.0 for t in self.workers}
+
+        def complete(item) -> None:
+            nonlocal gen
+            thread, op, result = item
+            if isinstance(result, BaseException):
+                raise RuntimeError(f"worker {thread} failed: {result!r}") from result
+            fields = {k: v for k, v in op.items() if k not in ("index", "time", "process", "type")}
+            record = self.history.append({"process": op["process"], "type": result["type"], **fields, **result})
+            free.add(thread)
+            self.since[thread] = time.monotonic() - self.started
+            if record["type"] == "info" and thread != NEMESIS:
+                self.processes[thread] = op["process"] + self.concurrency
+            gen = gen.update(self._context(free), {**record, "thread": thread})
+
+        def wait(timeout: float) -> bool:
+            """Take one completion if it arrives within `timeout`; whether one did."""
+            try:
+                complete(self.outbox.get(timeout=max(0.0, timeout)))
+                return True
+            except queue.Empty:
+                return False
+
+        while True:
+            while True:  # completions that are already in
+                try:
+                    complete(self.outbox.get_nowait())
+                except queue.Empty:
                     break
-                self.perform(op)
-        except BaseException as exc:  # noqa: BLE001
-            self.error = exc
-
-    def heal(self) -> None:
-        if self.nemeses:
-            self.perform({"f": "heal"}, heal=True)
-
-
-def run_phases(spec: TestSpec, history: HistoryWriter, make_client: Callable[[int], Any],
-               nemeses: dict[str, Any], schedule: Schedule | None, phase: Phase,
-               stop: threading.Event) -> list[Worker]:
-    """Run the main, heal and final phases; returns the workers (for their state)."""
-    start = time.monotonic()
-    main_deadline = start + spec.time_limit
-    final_deadline = [0.0]
-    workers = [Worker(i, spec, history, make_client, stop, main_deadline, lambda: final_deadline[0])
-               for i in range(spec.concurrency)]
-    nemesis = NemesisThread(history, nemeses, schedule, stop, main_deadline)
-    phase.name, phase.started = "main", start
-    for w in workers:
-        w.start()
-    nemesis.start()
-    nemesis.join()
-    for w in workers:
-        while not w.main_done.wait(0.2):
-            if stop.is_set():
-                break
-    if stop.is_set():
-        return workers
-    phase.name, phase.started = "heal", time.monotonic()
-    nemesis.heal()
-    phase.name, phase.started = "final", time.monotonic()
-    final_deadline[0] = time.monotonic() + spec.final_time_limit
-    for w in workers:
-        while w.is_alive():
-            w.join(0.2)
-            if stop.is_set():
-                return workers
-    for w in workers:
-        if w.error is not None:
-            raise RuntimeError(f"worker {w.index} failed: {w.error!r}") from w.error
-    if nemesis.error is not None:
-        raise RuntimeError(f"the nemesis failed: {nemesis.error!r}") from nemesis.error
-    return workers
+            ctx = self._context(free)
+            answer = gen.op(ctx)
+            if answer is None:
+                if len(free) == len(self.workers):
+                    return
+                wait(IDLE_WAIT)
+                continue
+            if answer is PENDING:
+                wait(IDLE_WAIT)
+                continue
+            op, after = answer
+            if op["at"] > ctx.time and wait(min(op["at"] - ctx.time, IDLE_WAIT * 20)):
+                continue  # something completed first: ask again, the answer may change
+            if op["at"] > self._context(free).time:
+                continue
+            thread = next(t for t, p in self.processes.items() if p == op["process"])
+            fields = {k: v for k, v in op.items() if k not in ("process", "at")}
+            record = self.history.append({"process": op["process"], "type": "invoke", **fields})
+            free.discard(thread)
+            self.phase = getattr(after, "phase", self.phase)
+            gen = after.update(self._context(free), {**record, "thread": thread})
+            self.workers[thread].inbox.put(record)

@@ -173,5 +173,4 @@ def test_a_rolling_restart_stops_and_starts_each_broker_in_turn_and_needs_no_rep
     assert db.calls == expected, "one broker at a time, each back before the next stops"
     assert value == catalog.build(["rolling-restart"], RecordingDB(), NODES, KEYS)[0]["rolling-restart"].invoke(
         {"f": "rolling-restart", "seed": 4}), "the seed fixes the order"
-    schedule = Schedule(1, pairs, 1.0)
-    assert [schedule.next_op()["f"] for _ in range(3)] == ["rolling-restart"] * 3
+    assert [op["f"] for op, _ in Schedule(1, pairs, 1.0).ops(3)] == ["rolling-restart"] * 3

@@ -15,12 +15,16 @@ performed through confluent-kafka (librdkafka) against the broker.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
-import time
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from .core import Workload
+from .generator import PENDING, EachThread, fill, rng_state
 
 Op = dict[str, Any]
 
@@ -50,48 +54,109 @@ def parse_key(key: str) -> tuple[str, int]:
     return topic, int(partition)
 
 
+@dataclass(frozen=True)
 class QueueGenerator:
-    """The operation stream of one worker."""
+    """The operation stream of one worker, a generator value (`workloads.generator`): `assign`
+    first and again after its process crashed, then sends, polls and the odd re-assign, each due a
+    random delay (mean concurrency/rate) after the worker became free."""
 
-    def __init__(self, seed: int, worker: int, concurrency: int, keys: list[str], max_sends: int):
-        self.rng = random.Random(f"{seed}/{worker}")
-        self.worker = worker
-        self.concurrency = concurrency
-        self.keys = keys
-        self.max_sends = max_sends
-        self.sent = 0
-        self.assigned = False
+    worker: int
+    concurrency: int
+    keys: tuple
+    max_sends: int
+    rate: float
+    state: tuple  # the worker's random stream
+    sent: int = 0
+    assigned: bool = False
 
-    def next_value(self) -> int:
-        value = self.sent * self.concurrency + self.worker
-        self.sent += 1
-        return value
+    @classmethod
+    def start(cls, seed: int, worker: int, concurrency: int, keys: list[str], max_sends: int,
+              rate: float) -> "QueueGenerator":
+        return cls(worker, concurrency, tuple(keys), max_sends, rate, rng_state(f"{seed}/{worker}"))
 
-    def assign_op(self) -> Op:
-        k = self.rng.randint(1, len(self.keys))
-        keys = sorted(self.rng.sample(self.keys, k))
-        return {"f": "assign", "keys": keys, "seek_to_beginning": self.rng.random() < 0.3}
+    def _assign_op(self, rng: random.Random) -> Op:
+        k = rng.randint(1, len(self.keys))
+        keys = sorted(rng.sample(self.keys, k))
+        return {"f": "assign", "keys": keys, "seek_to_beginning": rng.random() < 0.3}
 
-    def next_op(self) -> Op:
+    def op(self, ctx):
+        thread = ctx.some_free_thread()
+        if thread is None:
+            return PENDING
+        rng = random.Random()
+        rng.setstate(self.state)
+        sent, assigned = self.sent, True
         if not self.assigned:
-            self.assigned = True
-            return self.assign_op()
-        roll = self.rng.random()
-        if roll < 0.5:
-            n = self.rng.randint(1, self.max_sends)
-            mops = [{"f": "send", "key": self.rng.choice(self.keys), "value": self.next_value()} for _ in range(n)]
-            return {"f": "send", "mops": mops}
-        if roll < 0.92:
-            return {"f": "poll", "mops": [{"f": "poll"}]}
-        return self.assign_op()
+            op = self._assign_op(rng)
+        else:
+            roll = rng.random()
+            if roll < 0.5:
+                n = rng.randint(1, self.max_sends)
+                mops = []
+                for _ in range(n):
+                    # A value is unique in the whole run: n * concurrency + worker.
+                    mops.append({"f": "send", "key": rng.choice(self.keys), "value": sent * self.concurrency + self.worker})
+                    sent += 1
+                op = {"f": "send", "mops": mops}
+            elif roll < 0.92:
+                op = {"f": "poll", "mops": [{"f": "poll"}]}
+            else:
+                op = self._assign_op(rng)
+        delay = rng.uniform(0, 2 * self.concurrency / self.rate)
+        op = fill({**op, "at": ctx.since(thread) + delay}, ctx, thread)
+        return op, dataclasses.replace(self, state=rng.getstate(), sent=sent, assigned=assigned)
 
-    def crashed(self) -> None:
-        """The worker's client was reopened: it owns no keys until it assigns again."""
-        self.assigned = False
+    def update(self, ctx, event):
+        if event["type"] == "info":
+            # The worker's client is reopened: it owns no keys until it assigns again.
+            return dataclasses.replace(self, assigned=False)
+        return self
 
-    def delay(self, rate: float) -> float:
-        """Seconds to wait before the next operation: mean concurrency/rate, jittered."""
-        return self.rng.uniform(0, 2 * self.concurrency / rate)
+
+@dataclass(frozen=True)
+class FinalReads:
+    """Jepsen's final reads, for one worker: assign every key from the beginning, learning from the
+    broker where each key ends (`end_offsets` on the assign's completion), and poll until the
+    consumer has read every key to that end. Then assign again without rewinding, to learn whether
+    the ends moved meanwhile (a leader still bringing its followers up to date after the heal):
+    done when they did not, otherwise poll on to the new ends. A crashed process starts over."""
+
+    keys: tuple
+    targets: Mapping[str, int] | None = None  # None: the next op is an assign from the beginning
+    positions: Mapping[str, int] = field(default_factory=dict)
+    rewind: bool = True
+    done: bool = False
+
+    def _reached(self) -> bool:
+        return self.targets is not None and all(self.positions.get(k, 0) >= end for k, end in self.targets.items())
+
+    def op(self, ctx):
+        if self.done:
+            return None
+        if self.targets is None or (self._reached() and not self.rewind):
+            op = {"f": "assign", "keys": list(self.keys), "seek_to_beginning": self.rewind, "final": True}
+        else:
+            op = {"f": "poll", "mops": [{"f": "poll"}], "final": True}
+        op = fill(op, ctx)
+        return PENDING if op is None else (op, self)
+
+    def update(self, ctx, event):
+        if event["type"] == "invoke":
+            return self
+        if event["type"] == "info":
+            return FinalReads(self.keys)
+        if event["f"] == "assign":
+            if event["type"] != "ok":
+                return self
+            ends = dict(event["end_offsets"])
+            if not event.get("seek_to_beginning") and ends == dict(self.targets or {}):
+                return dataclasses.replace(self, done=True)
+            positions = {} if event.get("seek_to_beginning") else dict(self.positions)
+            return dataclasses.replace(self, targets=ends, positions=positions, rewind=False)
+        positions = dict(self.positions)
+        for rec in event["mops"][0].get("records", []):
+            positions[rec["key"]] = max(positions.get(rec["key"], 0), rec["offset"] + 1)
+        return dataclasses.replace(self, positions=positions)
 
 
 class QueueClient:
@@ -225,37 +290,39 @@ class QueueClient:
         except (KafkaException, RuntimeError) as exc:
             return {"type": "fail", "error": str(exc)}
         self.assignment = list(op["keys"])
-        return {"type": "ok"}
+        if not op.get("final"):
+            return {"type": "ok"}
+        # A final read records where the logs end, so the check knows the whole final log.
+        try:
+            return {"type": "ok", "end_offsets": self.end_offsets(op["keys"])}
+        except KafkaException as exc:
+            return {"type": "fail", "error": f"the end offsets are unknown: {exc}"}
 
-    def caught_up(self, positions: dict[str, int]) -> bool:
-        """True when, for every assigned key, the consumer is at the high watermark."""
-        for key in self.assignment:
+    def end_offsets(self, keys: list[str]) -> dict[str, int]:
+        """Where each key's log ends for consumers now: its high watermark, asked of the broker
+        (ListOffsets latest, not librdkafka's cache). Raises KafkaException when it cannot say."""
+        ends = {}
+        for key in keys:
             topic, partition = parse_key(key)
-            try:
-                _, high = self.consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=2,
-                                                              cached=False)
-            except KafkaException:
-                return False
-            if positions.get(key, 0) < high:
-                return False
-        return True
+            _, ends[key] = self.consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=2,
+                                                               cached=False)
+        return ends
 
 
-def final_read(client: QueueClient, invoke, keys: list[str], deadline: float) -> bool:
-    """Jepsen's final reads: assign every key from the beginning and poll until
-    the consumer has reached every key's high watermark (or the deadline).
-    `invoke(op)` records and performs one operation, returning its completion.
-    Returns whether the reads caught up."""
-    done = invoke({"f": "assign", "keys": list(keys), "seek_to_beginning": True})
-    if done["type"] != "ok":
-        return False
-    positions: dict[str, int] = {}
-    while time.monotonic() < deadline:
-        done = invoke({"f": "poll", "mops": [{"f": "poll"}]})
-        if done["type"] == "info":
-            return False
-        for rec in done["mops"][0].get("records", []):
-            positions[rec["key"]] = max(positions.get(rec["key"], 0), rec["offset"] + 1)
-        if not done["mops"][0].get("records") and client.caught_up(positions):
-            return True
-    return False
+def workload(spec) -> Workload:
+    """The queue workload of a test spec: every worker assigns, sends and polls at the spec's rate,
+    its stream drawn from the spec's seed; final reads of every key."""
+
+    def client(bootstrap: str, process: int) -> QueueClient:
+        return QueueClient(bootstrap, spec.producer, spec.consumer, group_id=f"faultline-{process}")
+
+    def main(thread: int) -> QueueGenerator:
+        return QueueGenerator.start(spec.seed, thread, spec.concurrency, spec.keys, spec.max_sends_per_op, spec.rate)
+
+    return Workload(
+        name="queue",
+        generator=EachThread(main),
+        final_generator=EachThread(lambda thread: FinalReads(tuple(spec.keys))),
+        client=client,
+        hints={"consumer_mode": "assign", "transactions": False},
+    )

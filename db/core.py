@@ -1,0 +1,123 @@
+"""The db interface: the system under test on a set of nodes (Jepsen's `jepsen.db`).
+
+A `DB` is built on `Remote`s (one per node) and knows how to set the system
+up and tear it down (logs collected into the run's store folder), start,
+stop, kill, pause and resume it on one node, wait until a node serves, and
+say which node leads a partition and which is the controller. Nemeses and
+the runner talk to this interface only, never to a concrete db.
+
+Its nodes are `nodes` (the brokers: targets of process faults) and
+`support_nodes` (a coordination service such as ZooKeeper: targets of
+network faults only). Capabilities some nemeses need (power loss, wall-clock
+skew) are methods that a db without them answers with `Unsupported`.
+
+`create_topics` is shared by every Kafka-protocol db: the admin client makes
+the test's topics and waits until each partition has a leader.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+from ..control.wait import wait_until
+
+
+class Unsupported(Exception):
+    """The db cannot perform a fault a nemesis asked for; the message says which and why."""
+
+
+class DB(ABC):
+    nodes: list[str]
+    support_nodes: list[str]
+
+    @property
+    @abstractmethod
+    def bootstrap(self) -> str:
+        """`host:port,...` that clients connect to."""
+
+    @abstractmethod
+    def setup(self) -> None:
+        """Start the system on every node and wait until it serves."""
+
+    @abstractmethod
+    def teardown(self, store_dir: Path) -> None:
+        """Stop everything cleanly and copy each node's logs into `store_dir/nodes/<node>/`."""
+
+    @abstractmethod
+    def start(self, node: str) -> int:
+        """Start the system on `node`; its pid."""
+
+    @abstractmethod
+    def wait_ready(self, node: str, timeout: float = 30) -> None:
+        """Return once `node` serves clients; raise with its log's end if it exited."""
+
+    @abstractmethod
+    def kill(self, node: str) -> int | None:
+        """SIGKILL the system on `node`; the pid it had (None: not running)."""
+
+    @abstractmethod
+    def stop(self, node: str) -> int | None:
+        """Stop it cleanly (SIGTERM, a controlled shutdown); its exit status."""
+
+    @abstractmethod
+    def pause(self, node: str) -> None: ...
+
+    @abstractmethod
+    def resume(self, node: str) -> None: ...
+
+    @abstractmethod
+    def running(self, node: str) -> bool: ...
+
+    @abstractmethod
+    def leader(self, topic: str, partition: int) -> str | None:
+        """The node that leads the partition now (None: nobody does)."""
+
+    @abstractmethod
+    def controller(self) -> str | None:
+        """The node that is the cluster's controller now."""
+
+    def power_off(self, node: str) -> dict:
+        """Cut the node's power: what it wrote but did not fsync is lost. What was done."""
+        raise Unsupported(f"{type(self).__name__} cannot cut the power of a node")
+
+    def power_on(self, node: str) -> int:
+        raise Unsupported(f"{type(self).__name__} cannot cut the power of a node")
+
+    def clock_file(self, node: str) -> Path:
+        """The file holding the node's wall-clock offset (read through libfaketime)."""
+        raise Unsupported(f"{type(self).__name__} cannot skew the clocks of its nodes")
+
+    def start_offset(self, node: str) -> int:
+        """Seconds the node's wall clock started off by: where clock faults heal to."""
+        return 0
+
+    def create_topics(self, topics: list[str], partitions: int, replication_factor: int) -> None:
+        create_topics(topics, partitions, replication_factor, self.bootstrap)
+
+
+def create_topics(topics: list[str], partitions: int, replication_factor: int, bootstrap: str) -> None:
+    """Create the topics through the admin client and wait until every partition has a leader."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+
+    def created() -> bool:
+        futures = admin.create_topics([NewTopic(t, partitions, replication_factor) for t in topics],
+                                      operation_timeout=10)
+        for topic, fut in futures.items():
+            try:
+                fut.result(15)
+            except Exception as exc:  # noqa: BLE001 - retried until the deadline
+                if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                    raise
+        return True
+
+    wait_until(created, 60, f"could not create the topics {topics} on {bootstrap}")
+
+    def led() -> bool:
+        md = admin.list_topics(timeout=10)
+        return all(t in md.topics and len(md.topics[t].partitions) == partitions
+                   and all(p.leader >= 0 for p in md.topics[t].partitions.values()) for t in topics)
+
+    wait_until(led, 60, f"the partitions of {topics} did not all get a leader on {bootstrap}")

@@ -1,0 +1,85 @@
+"""A test as a map of small parts (Jepsen's test map): db, workload, nemesis, generator, checker.
+
+In: a `TestSpec`, the run's `Remote`s by node name, a work directory and (for partitions) the
+nodes' `Net`. Out: a `Test` naming each part, built from the registries (`db.DBS`,
+`workloads.WORKLOADS`, `nemesis.catalog`); the runner knows only these interfaces, so a new
+system under test or workload is one new file and one registry line.
+
+The generator of a test is data too: the workload's client ops and the nemesis's schedule for
+`time_limit` seconds, then a heal, then the workload's final reads for `final_time_limit`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..db import DBS
+from ..db.core import DB
+from ..models.spec import SpecError, TestSpec
+from ..nemesis import catalog
+from ..nemesis.core import Schedule
+from ..workloads import WORKLOADS
+from ..workloads.core import Workload
+from ..workloads.generator import Once, Phases, TimeLimit, Unfold, any_, clients, nemesis
+
+
+@dataclass
+class Test:
+    __test__ = False  # not a pytest test class
+    spec: TestSpec
+    db: DB
+    workload: Workload
+    nemeses: dict[str, Any]  # nemesis f -> the nemesis performing it
+    generator: Any
+
+
+def db_class(spec: TestSpec):
+    try:
+        return DBS[spec.broker]
+    except KeyError:
+        raise SpecError(f"broker {spec.broker!r} is unknown; choose one of {', '.join(DBS)}") from None
+
+
+def node_names(spec: TestSpec) -> tuple[list[str], list[str]]:
+    """(system-under-test nodes, support nodes) the spec's db runs on."""
+    return db_class(spec).node_names(spec)
+
+
+def workload_for(spec: TestSpec) -> Workload:
+    try:
+        make = WORKLOADS[spec.workload]
+    except KeyError:
+        raise SpecError(f"workload {spec.workload!r} is unknown; choose one of {', '.join(WORKLOADS)}") from None
+    return make(spec)
+
+
+def validate(spec: TestSpec) -> None:
+    """Raise SpecError unless every part the spec names is in its registry."""
+    db_class(spec)
+    if spec.workload not in WORKLOADS:
+        raise SpecError(f"workload {spec.workload!r} is unknown; choose one of {', '.join(WORKLOADS)}")
+    unknown = [k for k in spec.nemesis if k not in catalog.KINDS]
+    if unknown:
+        raise SpecError(f"nemesis {', '.join(unknown)} is unknown; choose from {', '.join(catalog.KINDS)}")
+
+
+def generator_of(spec: TestSpec, workload: Workload, schedule: Schedule | None):
+    """Main phase (client ops, and faults when there is a schedule), heal, final reads."""
+    main = clients(TimeLimit(spec.time_limit, workload.generator))
+    if schedule is None:
+        return Phases((main, clients(TimeLimit(spec.final_time_limit, workload.final_generator))),
+                      names=("main", "final"))
+    faults = nemesis(TimeLimit(spec.time_limit, Unfold(schedule.step, schedule.start)))
+    return Phases((any_(main, faults), nemesis(Once({"f": "heal"})),
+                   clients(TimeLimit(spec.final_time_limit, workload.final_generator))),
+                  names=("main", "heal", "final"))
+
+
+def build(spec: TestSpec, remotes: dict, workdir: Path, net=None) -> Test:
+    db = db_class(spec)(spec, remotes, workdir)
+    workload = workload_for(spec)
+    nemeses, pairs = catalog.build(spec.nemesis, db, db.nodes, spec.keys, db.support_nodes, net)
+    schedule = Schedule(spec.seed, pairs, spec.nemesis_interval) if pairs else None
+    return Test(spec, db, workload, nemeses, generator_of(spec, workload, schedule))
