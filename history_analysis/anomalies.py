@@ -102,7 +102,7 @@ def _events(history: History) -> DataFrame:
 
     kind 'r': a record a poll returned; 's': a send micro-operation (of any
     outcome; offset as acknowledged, if any); 'a': an `ok` assign with
-    seek_to_beginning naming the key. Columns: key, kind, op, process, epoch,
+    seek_to_beginning naming the key. Columns: key, kind, op, process, assignment,
     type (of the operation), offset, value, pos (order within the operation),
     mixed (the operation both sends and polls).
     Every anomaly below is a per-key question, so after this one shuffle the
@@ -111,19 +111,19 @@ def _events(history: History) -> DataFrame:
     includes the key).
     """
     ops = history.operations.filter("process != 'nemesis'")
-    per_mop = ops.selectExpr("op", "process", "epoch", "type",
+    per_mop = ops.selectExpr("op", "process", "assignment", "type",
                              "exists(mops, m -> m.f = 'send') AND exists(mops, m -> m.f = 'poll') AS mixed",
                              "posexplode(mops) AS (mpos, mop)")
-    mop_events = per_mop.selectExpr("op", "process", "epoch", "type", "mixed", """explode(CASE WHEN mop.f = 'poll'
+    mop_events = per_mop.selectExpr("op", "process", "assignment", "type", "mixed", """explode(CASE WHEN mop.f = 'poll'
         THEN transform(coalesce(mop.records, array()), (r, i) -> named_struct(
             'key', r.key, 'kind', 'r', 'offset', r.offset, 'value', r.value,
             'pos', CAST(mpos AS LONG) * 4294967296 + i))
         ELSE array(named_struct('key', mop.key, 'kind', 's', 'offset', mop.offset, 'value', mop.value,
             'pos', CAST(mpos AS LONG)))
-        END) AS e""").selectExpr("e.key AS key", "e.kind AS kind", "op", "process", "epoch", "type",
+        END) AS e""").selectExpr("e.key AS key", "e.kind AS kind", "op", "process", "assignment", "type",
                                  "e.offset AS offset", "e.value AS value", "e.pos AS pos", "mixed")
     seeks = (ops.filter("type = 'ok' AND f = 'assign' AND seek_to_beginning")
-             .selectExpr("explode(array_distinct(keys)) AS key", "'a' AS kind", "op", "process", "epoch", "type",
+             .selectExpr("explode(array_distinct(keys)) AS key", "'a' AS kind", "op", "process", "assignment", "type",
                          "CAST(NULL AS LONG) AS offset", "CAST(NULL AS LONG) AS value", "CAST(0 AS LONG) AS pos",
                          "false AS mixed"))
     # Persisted, so that every query reads the one shuffle (their column
@@ -264,7 +264,7 @@ def _nonmonotonic_send(events: DataFrame) -> DataFrame:
 
 
 def _polls(events: DataFrame, persisted: list[DataFrame]) -> list[DataFrame]:
-    """poll-skip and nonmonotonic-poll, from consecutive polls of a process and key in one epoch."""
+    """poll-skip and nonmonotonic-poll, from consecutive polls of a process and key in one assignment."""
     # Over the log of a key in descending offset order, a running minimum over
     # the higher offsets is the next offset the log holds; applied again, the
     # one after that; the dense rank counts the distinct offsets in between.
@@ -277,10 +277,10 @@ def _polls(events: DataFrame, persisted: list[DataFrame]) -> list[DataFrame]:
     # Read twice (across polls, and within one operation): computed once.
     log = log.persist(StorageLevel.MEMORY_AND_DISK)
     persisted.append(log)
-    chain = "OVER (PARTITION BY process, epoch, key ORDER BY op)"
+    chain = "OVER (PARTITION BY process, assignment, key ORDER BY op)"
     # Polls of any outcome: whatever records a poll returned moved the consumer past them.
     pairs = (log.filter("kind = 'r'")
-             .groupBy("process", "epoch", "key", "op")
+             .groupBy("process", "assignment", "key", "op")
              .agg(F.min_by("offset", "pos").alias("b"), F.min_by("rank", "pos").alias("rank_b"),
                   F.max_by(F.expr(f"struct(offset, rank, array({nexts}) AS nexts)"), "pos").alias("last"))
              .selectExpr("*", f"lag(last) {chain} AS prev", f"lag(op) {chain} AS prev_op")
@@ -327,10 +327,10 @@ def _uncommitted_read(events: DataFrame) -> list[DataFrame]:
     reads = (
         events.filter("kind IN ('a', 'r')")
         # The last assign with seek_to_beginning naming the key begins its final chain.
-        .selectExpr("*", "max(CASE WHEN kind = 'a' THEN struct(op, process, epoch) END) "
+        .selectExpr("*", "max(CASE WHEN kind = 'a' THEN struct(op, process, assignment) END) "
                          "OVER (PARTITION BY key) AS start")
         .filter("kind = 'r'")
-        .selectExpr("*", "start IS NOT NULL AND process = start.process AND epoch = start.epoch AS final")
+        .selectExpr("*", "start IS NOT NULL AND process = start.process AND assignment = start.assignment AS final")
         .selectExpr("*", "max(CASE WHEN final THEN offset END) OVER (PARTITION BY key) AS top",
                     "collect_set(CASE WHEN final THEN value END) OVER (PARTITION BY key, offset) AS fvalues",
                     "min(CASE WHEN final THEN struct(op, value) END) OVER (PARTITION BY key, offset) AS ffirst")

@@ -15,9 +15,11 @@ Out: a `History` with
   operation never completed), `f`, `mops` (the completion's, or the
   invocation's when the completion carries none), `keys`,
   `seek_to_beginning`, `rebalance_log`, `invoke_time`, `time`, `error`, `node`,
-  `epoch` (how many assign/subscribe operations the process had invoked up
-  to and including this one: a consumer's position is only meaningful
-  within one epoch);
+  `assignment` (which assignment of its process the operation ran in: how
+  many assign/subscribe operations the process had invoked up to and
+  including this one, 0 before the first; a consumer's position is only
+  meaningful within one assignment. Unrelated to the broker's leader,
+  producer and controller epochs);
 - `notes`: what was tolerated (a torn last line, operations never completed);
 - `lines`: the number of lines accepted; `stats`: operation counts of client
   (non-nemesis) processes: `ops` (operations invoked), `ok`, `fail`, `info`
@@ -330,7 +332,7 @@ def _validate(spark: SparkSession, path: str, parsed: DataFrame, persisted: list
         *[f"lag({col}) {chain} AS prev_{col}" for col in ("mops", "keys", "rebalance_log")],
         f"lead(type) {chain} AS next_type",
         "CAST(sum(CASE WHEN type = 'invoke' AND f IN ('assign', 'subscribe') THEN 1 ELSE 0 END) OVER ("
-        "PARTITION BY process ORDER BY line ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS BIGINT) AS epoch",
+        "PARTITION BY process ORDER BY line ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS BIGINT) AS assignment",
     ).persist(StorageLevel.MEMORY_AND_DISK)
     persisted.append(paired)
     one_at_a_time = paired.selectExpr(
@@ -374,13 +376,13 @@ def _validate(spark: SparkSession, path: str, parsed: DataFrame, persisted: list
         "coalesce(mops, prev_mops) AS mops", "coalesce(keys, prev_keys) AS keys",
         "coalesce(seek_to_beginning, prev_seek) AS seek_to_beginning",
         "coalesce(rebalance_log, prev_rebalance_log) AS rebalance_log",
-        "prev_time AS invoke_time", "time", "error", "node", "epoch",
+        "prev_time AS invoke_time", "time", "error", "node", "assignment",
     )
     open_ops = paired.filter("type = 'invoke' AND next_type IS NULL").selectExpr(
         "index AS op", "index AS invoke", "false AS completed", "process", "'info' AS type", "f",
         "mops", "keys", "seek_to_beginning", "rebalance_log", "time AS invoke_time",
         f"CAST({'NULL' if max_time is None else max_time} AS BIGINT) AS time",
-        "'never completed: the history ends first' AS error", "node", "epoch",
+        "'never completed: the history ends first' AS error", "node", "assignment",
     )
     return History(
         path=path,

@@ -34,7 +34,7 @@ class Event:
     key: str
     op: int
     process: Any
-    epoch: int
+    assignment: int  # the operation's `assignment`, as on `Operation`
     type: str
     offset: int | None
     value: int | None
@@ -51,14 +51,17 @@ class Operation:
     mops: list
     keys: list
     seek: bool
-    epoch: int
+    # Which assignment of its process this ran in: how many assign/subscribe operations the
+    # process had invoked up to and including this one (0 before the first); the Spark
+    # engine's `operations.assignment`.
+    assignment: int
 
 
 def operations(ops: list[dict], real: int) -> tuple[list[Operation], dict[str, int]]:
     """Pair invocations with completions: (client operations, stats). `ops[real:]` are
     the reader's made-up completions of invocations the history never completed."""
     open_ops: dict[Any, dict] = {}
-    epochs: dict[Any, int] = defaultdict(int)
+    assignments: dict[Any, int] = defaultdict(int)
     out: list[Operation] = []
     stats = {"ops": 0, "ok": 0, "fail": 0, "info": 0}
     for op in ops:
@@ -66,7 +69,7 @@ def operations(ops: list[dict], real: int) -> tuple[list[Operation], dict[str, i
         if op["type"] == "invoke":
             open_ops[process] = op
             if op["f"] in ("assign", "subscribe"):
-                epochs[process] += 1
+                assignments[process] += 1
             if process != "nemesis":
                 stats["ops"] += 1
             continue
@@ -83,7 +86,7 @@ def operations(ops: list[dict], real: int) -> tuple[list[Operation], dict[str, i
         seek = op.get("seek_to_beginning")
         seek = inv.get("seek_to_beginning") if seek is None else seek
         out.append(Operation(index, inv["index"], process, op["type"], op["f"], mops or [], keys or [], bool(seek),
-                             epochs[process]))
+                             assignments[process]))
     return out, stats
 
 
@@ -95,10 +98,10 @@ def events(ops: list[Operation]) -> tuple[list[Event], list[tuple[str, Operation
         for mpos, mop in enumerate(o.mops):
             if mop.get("f") == "poll":
                 for i, r in enumerate(mop.get("records") or []):
-                    out.append(Event("r", r["key"], o.op, o.process, o.epoch, o.type, r["offset"], r["value"],
+                    out.append(Event("r", r["key"], o.op, o.process, o.assignment, o.type, r["offset"], r["value"],
                                      mpos * 4294967296 + i))
             else:
-                out.append(Event("s", mop["key"], o.op, o.process, o.epoch, o.type, mop.get("offset"),
+                out.append(Event("s", mop["key"], o.op, o.process, o.assignment, o.type, mop.get("offset"),
                                  mop.get("value"), mpos))
         if o.type == "ok" and o.f == "assign" and o.seek:
             for key in dict.fromkeys(o.keys):
@@ -235,7 +238,7 @@ def _chains(evs: list[Event], log: Log, found: Found) -> None:
     sends: dict[tuple, dict[int, list[Event]]] = defaultdict(lambda: defaultdict(list))
     for e in evs:
         if e.kind == "r":
-            polls[(e.process, e.epoch, e.key)][e.op].append(e)
+            polls[(e.process, e.assignment, e.key)][e.op].append(e)
         elif e.type == "ok" and e.offset is not None:
             sends[(e.process, e.key)][e.op].append(e)
     for (process, _, key), by_op in polls.items():
@@ -323,7 +326,7 @@ def _uncommitted(evs: list[Event], seeks: list[tuple[str, Operation]], found: Fo
     final: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
     for e in evs:
         s = start.get(e.key)
-        if e.kind == "r" and s is not None and e.process == s.process and e.epoch == s.epoch:
+        if e.kind == "r" and s is not None and e.process == s.process and e.assignment == s.assignment:
             top[e.key] = max(top.get(e.key, e.offset), e.offset)
             final[(e.key, e.offset)].append((e.op, e.value))
     first_read: dict[tuple, int] = {}

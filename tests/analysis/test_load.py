@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from faultline.history_analysis.load import load_history
+from faultline.history_analysis.reference import operations
 from faultline.models.history import HistoryError, read_history
 
 from .histories import Builder
@@ -192,5 +193,33 @@ def test_empty_history(spark, tmp_path):
         assert history.lines == 0 and history.notes == []
         assert history.stats == {"ops": 0, "ok": 0, "fail": 0, "info": 0}
         assert history.operations.count() == 0
+    finally:
+        history.unpersist()
+
+
+def test_assignment_counts_the_assign_and_subscribe_invocations_of_a_process(spark, tmp_path):
+    # `assignment` (not a broker epoch): which assignment of its process an operation ran in.
+    # A failed assign still starts a new one (the consumer's position is unknown after it), and
+    # an operation the history never completes keeps its process's current assignment.
+    b = Builder()
+    c, p = b.process(), b.process()
+    b.poll(c, [])                                  # c: 0
+    b.send(p, [("t/0", 1, 0)])                     # p: 0
+    b.assign(c, ["t/0"], seek=True)                # c: 1
+    b.poll(c, [("t/0", 0, 1)])                     # c: 1
+    b.assign(c, ["t/0"], type_="fail")             # c: 2
+    b.nemesis()
+    b.assign(p, ["t/0"], f="subscribe")            # p: 1
+    b.poll(c, [])                                  # c: 2
+    b.poll(p, [("t/0", 0, 1)], completed=False)    # p: 1, never completed
+    path = write(tmp_path / "history.jsonl", b.lines)
+    python = read_history(path)
+    expected = {(o.op, str(o.process)): o.assignment for o in operations(python.ops, python.lines)[0]}
+    assert [a for _, a in sorted(expected.items())] == [0, 0, 1, 1, 2, 1, 2, 1]
+    history = load_history(spark, str(path))
+    try:
+        got = {(r["op"], r["process"]): r["assignment"]
+               for r in history.operations.filter("process != 'nemesis'").collect()}
+        assert got == expected
     finally:
         history.unpersist()
