@@ -8,7 +8,7 @@ deadline.
 """
 
 from .cleanup import Leftovers, cleanup, find_leftovers
-from .netns import LocalCluster, NamespaceRemote
+from .local_cluster import LocalCluster, NamespaceRemote
 from .remote import AlreadyRunning, CommandFailed, CommandTimeout, NotRunning, Remote, RemoteError
 from .wait import wait_until
 

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Iterable
 
 from . import lazyfs
-from .netns import (BRIDGE_RE, NAMESPACE_RE, VETH_RE, delete_link, delete_namespace, harness_alive,
-                    kill_namespace_processes, link_kind, list_links, list_namespaces, namespace_pids,
-                    process_cmdline, read_registry, registry_path)
+from .local_cluster import (BRIDGE_RE, NAMESPACE_RE, VETH_RE, delete_link, delete_namespace, harness_alive,
+                            kill_namespace_processes, link_kind, list_links, list_namespaces, namespace_pids,
+                            process_cmdline, read_registry, registry_path)
 
 
 @dataclass

@@ -22,7 +22,7 @@ from typing import Callable
 
 from ..checker.verdict import summary
 from ..control.net import Net
-from ..control.netns import LocalCluster
+from ..control.local_cluster import LocalCluster
 from ..models.history import HistoryWriter
 from ..models.spec import TestSpec
 from . import testmap

@@ -11,8 +11,8 @@ import secrets
 import sys
 from pathlib import Path
 
-from faultline.control.netns import (BRIDGE_RE, NAMESPACE_RE, VETH_RE, link_kind, list_links, list_namespaces,
-                                     process_state)
+from faultline.control.local_cluster import (BRIDGE_RE, NAMESPACE_RE, VETH_RE, link_kind, list_links, list_namespaces,
+                                             process_state)
 
 PY = sys.executable
 

@@ -9,8 +9,8 @@ import socket
 import subprocess
 
 from faultline.control import wait_until
-from faultline.control.netns import (BRIDGE_RE, NAMESPACE_RE, VETH_RE, list_namespaces, networks_in_use,
-                                     registry_path)
+from faultline.control.local_cluster import (BRIDGE_RE, NAMESPACE_RE, VETH_RE, list_namespaces, networks_in_use,
+                                             registry_path)
 
 from .helpers import CLIENT, PY, SERVER
 
