@@ -23,7 +23,7 @@ from typing import Any, Awaitable, Callable
 from kio.schema.errors import ErrorCode
 
 from .codec import Request
-from .replica import ReplicaManager
+from .replica_manager import ReplicaManager
 from .state import BrokerError, BrokerState, check_topic
 
 log = logging.getLogger("faultline.broker.handlers")

@@ -27,7 +27,7 @@ from kio.schema.errors import ErrorCode
 from .codec import API_VERSIONS_KEY, ProtocolError, UnsupportedVersion, decode_request, encode_response
 from .config import BrokerConfig
 from .handlers import SUPPORTED, Handlers
-from .replica import ReplicaManager
+from .replica_manager import ReplicaManager
 from .state import BrokerState
 
 log = logging.getLogger("faultline.broker.server")
