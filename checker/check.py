@@ -59,6 +59,24 @@ def model_for(directory: Path, override: str | None) -> tuple[Model, str | None]
 ENGINES = ("spark", "python")
 
 
+def check(history: Path, model: Model, engine: str = "spark", spark=None, spark_master: str = "local[2]",
+          full_dir: Path | None = None) -> dict[str, Any]:
+    """The checker as one call: a history and a model -> results (the dict results.json holds).
+    Composes the analysis engine (Spark, or plain Python), the cycle search and the verdict;
+    raises HistoryError for a history that cannot be read."""
+    if engine == "python":
+        from ..history_analysis.reference import analyse as analyse_python
+
+        analysis = analyse_python(history, full_dir=full_dir)
+    else:
+        from ..history_analysis.anomalies import analyse
+        from ..history_analysis.session import get_session
+
+        analysis = analyse(spark or get_session(spark_master), str(history),
+                           full_dir=str(full_dir) if full_dir else None)
+    return verdict(add_cycles(analysis, full_dir=full_dir), model)
+
+
 def check_paths(paths: list[str | Path], spark_master: str = "local[2]", model: str | None = None,
                 progress=None, spark=None, engine: str = "spark") -> list[Checked]:
     """`spark`: a session to use; by default one is started on the first readable history.
@@ -77,18 +95,11 @@ def check_paths(paths: list[str | Path], spark_master: str = "local[2]", model: 
             if not history.exists():
                 raise HistoryError(history, None, "no such file: give a store folder holding history.jsonl, "
                                                   "or the path of a history file")
-            if engine == "python":
-                from ..history_analysis.reference import analyse as analyse_python
-
-                analysis = analyse_python(history, full_dir=directory / "anomalies")
-            else:
-                from ..history_analysis.anomalies import analyse
+            if engine == "spark" and spark is None:
                 from ..history_analysis.session import get_session
 
-                if spark is None:
-                    spark = get_session(spark_master)
-                analysis = analyse(spark, str(history), full_dir=str(directory / "anomalies"))
-            results = verdict(add_cycles(analysis, full_dir=directory / "anomalies"), chosen)
+                spark = get_session(spark_master)
+            results = check(history, chosen, engine, spark, spark_master, full_dir=directory / "anomalies")
             if note:
                 results.setdefault("notes", []).append(note)
         except HistoryError as exc:

@@ -126,6 +126,9 @@ class FinalReads:
     positions: Mapping[str, int] = field(default_factory=dict)
     rewind: bool = True
     done: bool = False
+    backoff: float = 0.0  # seconds to wait after a failed assign, doubling up to RETRY_MAX
+
+    RETRY_MAX = 2.0
 
     def _reached(self) -> bool:
         return self.targets is not None and all(self.positions.get(k, 0) >= end for k, end in self.targets.items())
@@ -137,8 +140,10 @@ class FinalReads:
             op = {"f": "assign", "keys": list(self.keys), "seek_to_beginning": self.rewind, "final": True}
         else:
             op = {"f": "poll", "mops": [{"f": "poll"}], "final": True}
-        op = fill(op, ctx)
-        return PENDING if op is None else (op, self)
+        thread = ctx.some_free_thread()
+        if thread is None:
+            return PENDING
+        return fill({**op, "at": ctx.since(thread) + self.backoff}, ctx, thread), self
 
     def update(self, ctx, event):
         if event["type"] == "invoke":
@@ -147,12 +152,12 @@ class FinalReads:
             return FinalReads(self.keys)
         if event["f"] == "assign":
             if event["type"] != "ok":
-                return self
+                return dataclasses.replace(self, backoff=min(self.RETRY_MAX, max(0.1, 2 * self.backoff)))
             ends = dict(event["end_offsets"])
             if not event.get("seek_to_beginning") and ends == dict(self.targets or {}):
                 return dataclasses.replace(self, done=True)
             positions = {} if event.get("seek_to_beginning") else dict(self.positions)
-            return dataclasses.replace(self, targets=ends, positions=positions, rewind=False)
+            return dataclasses.replace(self, targets=ends, positions=positions, rewind=False, backoff=0.0)
         positions = dict(self.positions)
         for rec in event["mops"][0].get("records", []):
             positions[rec["key"]] = max(positions.get(rec["key"], 0), rec["offset"] + 1)
@@ -302,9 +307,13 @@ class QueueClient:
         """Where each key's log ends for consumers now: its high watermark, asked of the broker
         (ListOffsets latest, not librdkafka's cache). Raises KafkaException when it cannot say."""
         ends = {}
+        for topic in sorted({parse_key(k)[0] for k in keys}):
+            # A new consumer knows no partition until it has the topic's metadata: without it the
+            # query answers _UNKNOWN_PARTITION at once.
+            self.consumer.list_topics(topic, timeout=5)
         for key in keys:
             topic, partition = parse_key(key)
-            _, ends[key] = self.consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=2,
+            _, ends[key] = self.consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=5,
                                                                cached=False)
         return ends
 
