@@ -55,6 +55,8 @@ class Operation:
     # process had invoked up to and including this one (0 before the first); the Spark
     # engine's `operations.assignment`.
     assignment: int
+    # A final read's assign: where the broker said each key's log ends (history-format.md).
+    end_offsets: dict | None = None
 
 
 def operations(ops: list[dict], real: int) -> tuple[list[Operation], dict[str, int]]:
@@ -75,8 +77,14 @@ def operations(ops: list[dict], real: int) -> tuple[list[Operation], dict[str, i
             continue
         inv = open_ops.pop(process)
         if process == "nemesis":
+            if op["f"] == "heal" and op.get("error") is not None and op["index"] < real:
+                stats.setdefault("heal_errors", []).append({"op": inv["index"], "error": op["error"]})
             continue
         stats[op["type"]] += 1
+        by_f = stats.setdefault("by_f", {})
+        counts = by_f.setdefault(op["f"], {"invoked": 0, "ok": 0})
+        counts["invoked"] += 1
+        counts["ok"] += op["type"] == "ok"
         # An operation the history never completed is named by its invocation.
         index = inv["index"] if op["index"] >= real else op["index"]
         mops = op.get("mops")
@@ -85,8 +93,9 @@ def operations(ops: list[dict], real: int) -> tuple[list[Operation], dict[str, i
         keys = op.get("keys") if op.get("keys") is not None else inv.get("keys")
         seek = op.get("seek_to_beginning")
         seek = inv.get("seek_to_beginning") if seek is None else seek
+        ends = op.get("end_offsets") if op["type"] == "ok" else None
         out.append(Operation(index, inv["index"], process, op["type"], op["f"], mops or [], keys or [], bool(seek),
-                             assignments[process]))
+                             assignments[process], ends))
     return out, stats
 
 
@@ -109,6 +118,37 @@ def events(ops: list[Operation]) -> tuple[list[Event], list[tuple[str, Operation
     return out, seeks
 
 
+@dataclass
+class FinalLog:
+    """A key's final log (result.FINAL_READS): the last assign with seek_to_beginning naming it
+    (`assign`, None if there is none), the broker's end offset for it (`end`, None if the history
+    does not say), how far the final chain read (`read_to`: one past the highest offset), one past
+    the highest offset any evidence shows (`known_end`), and the values it read by offset."""
+
+    key: str
+    assign: int | None
+    end: int | None
+    known_end: int
+    read_to: int = 0
+    values: dict = None  # offset -> [(op, value)]
+
+    def __post_init__(self):
+        self.values = {} if self.values is None else self.values
+
+    @property
+    def complete(self) -> bool:
+        """Whether the final chain read the whole log: to the broker's end offset, or where the
+        history does not give one, past every offset anything showed."""
+        return self.assign is not None and self.read_to >= (self.end if self.end is not None else self.known_end)
+
+    def end_fields(self) -> dict:
+        return {"final_end": self.end, "final_read_to": self.read_to}
+
+    def summary(self) -> dict:
+        return {"key": self.key, "assign": self.assign, "end": self.end, "read_to": self.read_to,
+                "known_end": self.known_end, "complete": self.complete}
+
+
 class Found:
     """Witnesses by type, each with its sort key and weight."""
 
@@ -118,6 +158,10 @@ class Found:
     def add(self, kind: str, witness: dict, s1: int, s3: int, weight: int = 1) -> None:
         text = witness_json(witness)
         self.rows[kind].append((witness_order(s1, witness["key"], s3, text), weight, text))
+
+
+def _rows(found: Found, kind: str):
+    return ((order, weight, json.loads(text)) for order, weight, text in found.rows.get(kind, []))
 
 
 class Log:
@@ -144,25 +188,44 @@ def _skip_fields(log: Log, key: str, a: int, b: int) -> tuple[list[int], int]:
     return inside[:SKIPPED_SHOWN], len(inside)
 
 
-def _duplicate_and_inconsistent(facts: dict[tuple, int], found: Found) -> None:
+def _duplicate_and_inconsistent(evs: list[Event], facts: dict[tuple, int], found: Found) -> None:
+    """duplicate (a value at two offsets), inconsistent-offsets (polls returned two values at one
+    offset) and reused-offset (an offset acknowledged for a value that no poll returned there
+    holds another value: the acknowledged write was lost and its offset given to another)."""
     by_value: dict[tuple, list] = defaultdict(list)
-    by_offset: dict[tuple, list] = defaultdict(list)
     for (key, offset, value), op in facts.items():
         by_value[(key, value)].append((offset, op))
-        by_offset[(key, offset)].append((value, op))
     for (key, value), e in by_value.items():
         if len(e) >= 2:
             e.sort()
             found.add("duplicate", {"key": key, "value": value, "offsets": [o for o, _ in e],
                                     "ops": [op for _, op in e]}, min(op for _, op in e), value)
-    for (key, offset), e in by_offset.items():
-        if len(e) >= 2:
-            e.sort()
+    read: dict[tuple, dict[int, int]] = defaultdict(dict)  # (key, offset) -> value -> first op
+    acked: dict[tuple, dict[int, int]] = defaultdict(dict)
+    for e in evs:
+        if _in_log(e):
+            side = read if e.kind == "r" else acked
+            values = side[(e.key, e.offset)]
+            values[e.value] = min(values.get(e.value, e.op), e.op)
+    for (key, offset), values in read.items():
+        if len(values) >= 2:
+            e = sorted((v, op) for v, op in values.items())
             found.add("inconsistent-offsets", {"key": key, "offset": offset, "values": [v for v, _ in e],
                                                "ops": [op for _, op in e]}, min(op for _, op in e), offset)
+    for (key, offset), values in acked.items():
+        there = {**values, **read.get((key, offset), {})}
+        for value, send_op in sorted(values.items()):
+            if value in read.get((key, offset), {}):
+                continue
+            others = [(op, v) for v, op in there.items() if v != value]
+            if others:
+                other_op, other = min(others)
+                found.add("reused-offset", {"key": key, "offset": offset, "value": value, "send_op": send_op,
+                                            "other_value": other, "other_op": other_op,
+                                            "ops": [send_op, other_op]}, min(send_op, other_op), offset)
 
 
-def _lost_and_unseen(evs: list[Event], found: Found) -> None:
+def _lost_and_unseen(evs: list[Event], finals: dict[str, FinalLog], found: Found) -> None:
     read = {(e.key, e.value) for e in evs if e.kind == "r"}
     read_ok = {(e.key, e.value) for e in evs if e.kind == "r" and e.type == "ok"}
     # Jepsen's rule for indeterminate sends: one of whose values was read took effect, all of it.
@@ -192,6 +255,24 @@ def _lost_and_unseen(evs: list[Event], found: Found) -> None:
             found.add("lost-write", {"key": e.key, "value": e.value, "offset": e.offset, "send_op": e.op,
                                      "read_op": read_op, "read_offset": read_offset, "ops": [e.op, read_op]},
                       min(e.op, read_op), e.offset)
+    # A committed write the complete final log does not hold where it was acknowledged: cut from
+    # the tail (the log now ends before it), or replaced; read before or not.
+    flagged = {(w["key"], w["value"]) for _, _, w in _rows(found, "lost-write")}
+    for e in evs:
+        if not (e.kind == "s" and e.offset is not None and (e.key, e.value) not in flagged
+                and (e.type == "ok" or (e.type == "info" and e.op in took_effect))):
+            continue
+        log = finals.get(e.key)
+        if log is None or log.assign is None or not log.complete or log.end is None:
+            continue
+        there = log.values.get(e.offset, [])
+        if e.value in {v for _, v in there}:
+            continue
+        flagged.add((e.key, e.value))
+        found.add("lost-write", {"key": e.key, "value": e.value, "offset": e.offset, "send_op": e.op,
+                                 "final_value": min(there)[1] if there else None, "final_assign": log.assign,
+                                 **log.end_fields(), "ops": [e.op, log.assign]},
+                  min(e.op, log.assign), e.offset)
     unseen: dict[str, list[Event]] = defaultdict(list)
     for e in evs:
         if e.kind == "s" and e.type == "ok" and (e.key, e.value) not in read_ok:
@@ -316,19 +397,36 @@ def _within_operations(evs: list[Event], log: Log, found: Found) -> None:
                               op, a)
 
 
-def _uncommitted(evs: list[Event], seeks: list[tuple[str, Operation]], found: Found) -> list[str]:
-    """uncommitted-read witnesses; returns the keys no final chain covers."""
+def _final_logs(evs: list[Event], ops: list[Operation], seeks: list[tuple[str, Operation]]) -> dict[str, FinalLog]:
+    """result.FINAL_READS: each key's final log, as its last final read saw it."""
     start: dict[str, Operation] = {}
     for key, o in seeks:
         if key not in start or o.op > start[key].op:
             start[key] = o
-    top: dict[str, int] = {}
-    final: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
+    ends: dict[str, tuple[int, int]] = {}  # key -> (op, end offset) of the latest ok assign naming it
+    for o in ops:
+        for key, end in (o.end_offsets or {}).items():
+            if key not in ends or o.op > ends[key][0]:
+                ends[key] = (o.op, end)
+    known: dict[str, int] = {}
+    for e in evs:
+        if _in_log(e):
+            known[e.key] = max(known.get(e.key, -1), e.offset)
+    logs = {key: FinalLog(key, s.op, ends[key][1] if key in ends else None, known.get(key, -1) + 1)
+            for key, s in start.items()}
     for e in evs:
         s = start.get(e.key)
-        if e.kind == "r" and s is not None and e.process == s.process and e.assignment == s.assignment:
-            top[e.key] = max(top.get(e.key, e.offset), e.offset)
-            final[(e.key, e.offset)].append((e.op, e.value))
+        if e.kind == "r" and s is not None and e.process == s.process and e.op > s.op:
+            log = logs[e.key]
+            log.read_to = max(log.read_to, e.offset + 1)
+            log.values.setdefault(e.offset, []).append((e.op, e.value))
+    for key in known:
+        logs.setdefault(key, FinalLog(key, None, ends[key][1] if key in ends else None, known[key] + 1))
+    return logs
+
+
+def _uncommitted(evs: list[Event], finals: dict[str, FinalLog], found: Found) -> list[str]:
+    """uncommitted-read witnesses; returns the keys no final chain covers."""
     first_read: dict[tuple, int] = {}
     ok_keys = set()
     for e in evs:
@@ -337,19 +435,22 @@ def _uncommitted(evs: list[Event], seeks: list[tuple[str, Operation]], found: Fo
             k = (e.key, e.offset, e.value)
             first_read[k] = min(first_read.get(k, e.op), e.op)
     for (key, offset, value), op in first_read.items():
-        if key not in top:
+        log = finals.get(key)
+        if log is None or log.assign is None or log.read_to == 0:
             continue
-        there = final.get((key, offset), [])
+        there = log.values.get(offset, [])
         values = {v for _, v in there}
-        if (values and value not in values) or (not values and top[key] > offset):
+        beyond = log.end is not None and log.complete and offset >= log.end
+        if (values and value not in values) or (not values and (log.read_to > offset or beyond)):
             first = min(there) if there else None
-            other = first[0] if first else start[key].op
+            other = first[0] if first else log.assign
             found.add("uncommitted-read", {"key": key, "offset": offset, "value": value,
                                            "final_value": first[1] if first else None,
                                            "final_op": first[0] if first else None,
-                                           "final_assign": start[key].op, "ops": [op, other]},
+                                           "final_assign": log.assign, **log.end_fields(),
+                                           "ops": [op, other]},
                       min(op, other), offset)
-    return sorted(ok_keys - set(top))
+    return sorted(k for k in ok_keys if k not in finals or finals[k].assign is None or finals[k].read_to == 0)
 
 
 def _dependencies(evs: list[Event]) -> tuple[list[tuple[int, int, str, str]], set[int]]:
@@ -406,12 +507,13 @@ def analyse(path: str | Path, limit: int = 32, full_dir: str | Path | None = Non
             k = (e.key, e.offset, e.value)
             facts[k] = min(facts.get(k, e.op), e.op)
     found = Found()
-    _lost_and_unseen(evs, found)
-    _duplicate_and_inconsistent(facts, found)
+    finals = _final_logs(evs, ops, seeks)
+    _lost_and_unseen(evs, finals, found)
+    _duplicate_and_inconsistent(evs, facts, found)
     _unexpected_and_aborted(evs, found)
     _chains(evs, log, found)
     _within_operations(evs, log, found)
-    unjudged = _uncommitted(evs, seeks, found)
+    unjudged = _uncommitted(evs, finals, found)
 
     notes = list(history.notes)
     if unjudged:
@@ -432,4 +534,5 @@ def analyse(path: str | Path, limit: int = 32, full_dir: str | Path | None = Non
             tmp.replace(directory / f"{t}.jsonl")
     edges, hubs = _dependencies(evs)
     hub_rows = sorted((o.op, o.invoke, str(o.process), o.type) for o in ops if o.op in hubs)
-    return Analysis(counts=counts, examples=examples, stats=stats, notes=notes, dependencies=edges, hubs=hub_rows)
+    return Analysis(counts=counts, examples=examples, stats=stats, notes=notes, dependencies=edges, hubs=hub_rows,
+                    final_reads=[finals[k].summary() for k in sorted(finals)])

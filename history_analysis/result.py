@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-TYPES = ("lost-write", "unseen", "duplicate", "inconsistent-offsets", "unexpected",
+TYPES = ("lost-write", "unseen", "duplicate", "inconsistent-offsets", "reused-offset", "unexpected",
          "poll-skip", "nonmonotonic-poll", "nonmonotonic-send", "uncommitted-read",
          "G1a", "precommitted-read", "int-poll-skip", "int-nonmonotonic-poll", "int-send-skip",
          "int-nonmonotonic-send")
@@ -36,7 +36,26 @@ class Analysis:
     # Sorted (op, invoke index, process, type) of every hub (see DEPENDENCIES): what the
     # process and real-time orders between them are built from.
     hubs: list[tuple[int, int, str, str]] = field(default_factory=list)
+    # Per key, sorted by key, what the final reads showed (see FINAL_READS): dicts with key,
+    # assign, end, read_to, known_end, complete.
+    final_reads: list[dict[str, Any]] = field(default_factory=list)
 
+
+FINAL_READS = """\
+A key's final log, as both engines derive it:
+- its final chain is the records of that key returned, by polls of any completion type, to the
+  process of the last assign with seek_to_beginning that completed ok and named the key, after
+  that assign (later assigns of that process that keep the key do not end the chain);
+- its end offset is the `end_offsets` entry for the key on the latest ok assign that has one
+  (final reads ask the broker for it: history-format.md); absent in histories that do not say;
+- the final reads are complete for the key when the chain read up to the end offset (every
+  offset below it), or, where there is no end offset, past every offset any send or poll showed;
+- once complete, a committed write (an acknowledged send, or an indeterminate one of which a
+  value was read) that the final log does not hold at its offset is a lost-write, and a value an
+  ok poll read that the final log does not hold there is an uncommitted-read.
+Every key that a client sent to or read from needs complete final reads for the verdict to be
+valid or invalid on its tail; otherwise it is unknown.
+"""
 
 DEPENDENCIES = """\
 Dependencies between operations, as both engines derive them:
