@@ -8,7 +8,8 @@ deadline.
 """
 
 from .cleanup import Leftovers, cleanup, find_leftovers
-from .local_cluster import LocalCluster, NamespaceRemote
+from .local_cluster import LocalCluster
+from .namespace_remote import NamespaceRemote
 from .remote import AlreadyRunning, CommandFailed, CommandTimeout, NotRunning, Remote, RemoteError
 from .wait import wait_until
 

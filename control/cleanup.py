@@ -2,7 +2,7 @@
 
 In: nothing but the machine's state: network namespaces named
 `faultline-<tag>-<node>`, veths `fl<tag>n<i>` and bridges `flb<tag>` in the
-root namespace, registry entries `<registry>/<tag>.json` (see `netns`), and
+root namespace, registry entries `<registry>/<tag>.json` (see `registry`), and
 mounts of the power-loss file system (`lazyfs`) outside the work folders of
 runs still in progress.
 Out: `Leftovers`, listing those objects (and the processes inside each
@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Iterable
 
 from . import lazyfs
-from .local_cluster import (BRIDGE_RE, NAMESPACE_RE, VETH_RE, delete_link, delete_namespace, harness_alive,
-                            kill_namespace_processes, link_kind, list_links, list_namespaces, namespace_pids,
-                            process_cmdline, read_registry, registry_path)
+from .iproute import delete_link, delete_namespace, link_kind, list_links, list_namespaces
+from .names import BRIDGE_RE, NAMESPACE_RE, VETH_RE
+from .processes import kill_namespace_processes, namespace_pids, process_cmdline
+from .registry import harness_alive, read_registry, registry_path
 
 
 @dataclass

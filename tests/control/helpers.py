@@ -11,8 +11,9 @@ import secrets
 import sys
 from pathlib import Path
 
-from faultline.control.local_cluster import (BRIDGE_RE, NAMESPACE_RE, VETH_RE, link_kind, list_links, list_namespaces,
-                                             process_state)
+from faultline.control.iproute import link_kind, list_links, list_namespaces
+from faultline.control.names import BRIDGE_RE, NAMESPACE_RE, VETH_RE
+from faultline.control.processes import process_state
 
 PY = sys.executable
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import ipaddress
 
-from faultline.control.local_cluster import (BRIDGE_RE, IFNAMSIZ, NAMESPACE_RE, VETH_RE, bridge_name, choose_subnet,
-                                             namespace_name, tag_for, veth_name)
+from faultline.control.names import (BRIDGE_RE, IFNAMSIZ, NAMESPACE_RE, VETH_RE, bridge_name, choose_subnet,
+                                     namespace_name, tag_for, veth_name)
 
 
 def test_a_short_run_id_is_the_tag_and_a_long_one_is_hashed():

@@ -9,8 +9,9 @@ import socket
 import subprocess
 
 from faultline.control import wait_until
-from faultline.control.local_cluster import (BRIDGE_RE, NAMESPACE_RE, VETH_RE, list_namespaces, networks_in_use,
-                                             registry_path)
+from faultline.control.iproute import list_namespaces, networks_in_use
+from faultline.control.names import BRIDGE_RE, NAMESPACE_RE, VETH_RE
+from faultline.control.registry import registry_path
 
 from .helpers import CLIENT, PY, SERVER
 

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from faultline.control import AlreadyRunning, CommandFailed, CommandTimeout, NotRunning, wait_until
-from faultline.control.local_cluster import namespace_pids, process_cmdline, process_state
+from faultline.control.processes import namespace_pids, process_cmdline, process_state
 
 from .helpers import COUNTER, GRACEFUL, PY, SLEEPER, STUBBORN, gone, size
 

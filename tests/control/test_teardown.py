@@ -14,8 +14,9 @@ import textwrap
 import pytest
 
 from faultline.control import LocalCluster, RemoteError, cleanup, find_leftovers, wait_until
-from faultline.control.local_cluster import (list_namespaces, namespace_pids, process_cmdline, process_state,
-                                             registry_path)
+from faultline.control.iproute import list_namespaces
+from faultline.control.processes import namespace_pids, process_cmdline, process_state
+from faultline.control.registry import registry_path
 
 from .helpers import ESCAPER, PY, SLEEPER, gone, new_tag, ours_on_host
 
