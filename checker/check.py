@@ -19,7 +19,7 @@ from typing import Any
 from ..models.guarantees import STRICTEST, Model, model_for_settings, model_named
 from ..models.history import HistoryError
 from .cycles import add_cycles
-from .verdict import exit_status, unknown, verdict, write_results
+from .verdict import exit_status, fail_closed, unknown, verdict, write_results
 
 log = logging.getLogger("faultline.checker")
 
@@ -57,6 +57,21 @@ def model_for(directory: Path, override: str | None) -> tuple[Model, str | None]
 
 
 ENGINES = ("spark", "python")
+# Beside a history: the failures of the harness during its run (one JSON object a line), which
+# make its verdict unknown whatever the history shows.
+HARNESS_ERRORS = "harness-errors.jsonl"
+
+
+def record_harness_error(directory: Path, error: str, trace: str) -> None:
+    with open(directory / HARNESS_ERRORS, "a") as f:
+        f.write(json.dumps({"error": error, "traceback": trace}) + "\n")
+
+
+def harness_errors(directory: Path) -> list[str]:
+    path = directory / HARNESS_ERRORS
+    if not path.exists():
+        return []
+    return [json.loads(line)["error"] for line in path.read_text().splitlines() if line.strip()]
 
 
 def check(history: Path, model: Model, engine: str = "spark", spark=None, spark_master: str = "local[2]",
@@ -100,6 +115,10 @@ def check_paths(paths: list[str | Path], spark_master: str = "local[2]", model: 
 
                 spark = get_session(spark_master)
             results = check(history, chosen, engine, spark, spark_master, full_dir=directory / "anomalies")
+            failures = harness_errors(directory)
+            if failures:
+                fail_closed(results, [f"the harness failed during the run ({e}); see {HARNESS_ERRORS}"
+                                      for e in failures])
             if note:
                 results.setdefault("notes", []).append(note)
         except HistoryError as exc:

@@ -23,10 +23,7 @@ def verdict(analysis, model: Model) -> dict[str, Any]:
     found = sorted(counts)
     bad = sorted(t for t in found if t in model.forbidden)
     stats = dict(analysis.stats)
-    if stats.get("ops", 0) == 0:
-        valid: Any = "unknown"
-    else:
-        valid = not bad
+    valid: Any = not bad
     anomalies = {}
     for t in found:
         witnesses = []
@@ -46,8 +43,57 @@ def verdict(analysis, model: Model) -> dict[str, Any]:
     }
     if analysis.notes:
         results["notes"] = list(analysis.notes)
-    if valid == "unknown":
-        results["error"] = "the history holds no client operations: nothing to judge"
+    return fail_closed(results, unknown_reasons(analysis))
+
+
+# Client operations whose never succeeding means the run cannot show what it claims.
+JUDGED_FS = ("send", "poll", "txn", "assign", "subscribe")
+SHOWN_KEYS = 5
+
+
+def unknown_reasons(analysis) -> list[str]:
+    """Why the history cannot show what the run claims (empty when it can): nothing succeeded, a
+    kind of operation the clients issued never succeeded, the heal failed, or the final reads did
+    not reach the end of every key (result.FINAL_READS)."""
+    stats = analysis.stats
+    if stats.get("ops", 0) == 0:
+        return ["the history holds no client operations: nothing to judge"]
+    if stats.get("ok", 0) == 0:
+        return [f"no client operation completed ok ({stats['ops']} invoked): nothing happened that could be judged"]
+    reasons = []
+    for f, n in sorted(stats.get("by_f", {}).items()):
+        if f in JUDGED_FS and n["invoked"] and not n["ok"]:
+            reasons.append(f"no {f} completed ok ({n['invoked']} invoked): the run cannot show what its {f}s do")
+    for heal in stats.get("heal_errors", []):
+        reasons.append(f"the heal failed (op {heal['op']}: {heal['error']}): faults may have lasted into the "
+                       f"final reads")
+    missing = [r for r in analysis.final_reads if r["assign"] is None]
+    short = [r for r in analysis.final_reads if r["assign"] is not None and not r["complete"]]
+    if missing:
+        keys = ", ".join(r["key"] for r in missing[:SHOWN_KEYS]) + (", ..." if len(missing) > SHOWN_KEYS else "")
+        reasons.append(f"no final read of {len(missing)} key(s) ({keys}): an assign with seek_to_beginning, then "
+                       f"polls to the end of the log, shows whether the tail of a log was lost")
+    if short:
+        def where(r):
+            end = (f"the broker's end offset {r['end']}" if r["end"] is not None
+                   else f"offset {r['known_end'] - 1}, which other operations show exists")
+            return f"{r['key']} read to offset {r['read_to'] - 1} (final assign op {r['assign']}), short of {end}"
+
+        shown = "; ".join(where(r) for r in short[:SHOWN_KEYS]) + ("; ..." if len(short) > SHOWN_KEYS else "")
+        reasons.append(f"the final reads did not reach the end of {len(short)} key(s): {shown}")
+    return reasons
+
+
+def fail_closed(results: dict[str, Any], reasons: list[str]) -> dict[str, Any]:
+    """Results that cannot be valid for `reasons`: a run that would be valid is unknown instead (an
+    anomaly that was found stays proven: invalid stays invalid). The reasons go to `error` and to
+    `unknown_reasons`."""
+    if not reasons:
+        return results
+    if results["valid"] is True:
+        results["valid"] = "unknown"
+    results["unknown_reasons"] = results.get("unknown_reasons", []) + reasons
+    results["error"] = "; ".join(results["unknown_reasons"])
     return results
 
 
@@ -76,8 +122,8 @@ def summary(results: dict[str, Any], where: str = "") -> str:
     lines = [f"{head}{' ' + where if where else ''} (model {results['model']}; "
              f"{stats.get('ops', 0)} ops: {stats.get('ok', 0)} ok, {stats.get('fail', 0)} fail, "
              f"{stats.get('info', 0)} info)"]
-    if "error" in results:
-        lines.append(f"  {results['error']}")
+    for reason in results.get("unknown_reasons") or ([results["error"]] if "error" in results else []):
+        lines.append(f"  unknown: {reason}")
     for t in results["anomaly_types"]:
         mark = "BAD " if t in results["bad_anomaly_types"] else "ok  "
         lines.append(f"  {mark}{t}: {results['counts'][t]}")

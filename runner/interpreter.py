@@ -34,6 +34,11 @@ IDLE_WAIT = 0.05
 _STOP = object()
 
 
+class HarnessError(Exception):
+    """The harness itself failed (a client raised, a worker could not open its client): the run
+    stops, and its verdict is unknown whatever the history shows."""
+
+
 class NemesisClient:
     """Performs nemesis operations: each f by the nemesis that owns it, and `heal` by every
     nemesis at once. A completion is always `info` (a fault's effect is never certain), with
@@ -91,11 +96,11 @@ class Worker(threading.Thread):
     def perform(self, op: dict) -> dict:
         client = self._client_for(op["process"])
         fields = {k: v for k, v in op.items() if k not in ("process", "type", "index", "time")}
-        try:
-            return client.invoke(fields)
-        except Exception as exc:  # noqa: BLE001 - an unknown outcome is an info, as in Jepsen
-            log.warning("process %s: %s raised %r", op["process"], op["f"], exc)
-            return {"type": "info", "error": f"{type(exc).__name__}: {exc}"}
+        # A client turns every error of the system under test it knows (broker and network errors)
+        # into a completion; whatever it raises is a fault of the harness, which says nothing
+        # about the system: recording it as `info` would make a broken client look like an
+        # indeterminate broker. It ends the run, whose verdict is then unknown.
+        return client.invoke(fields)
 
     def run(self) -> None:
         try:
@@ -103,7 +108,7 @@ class Worker(threading.Thread):
                 try:
                     result = self.perform(op)
                 except BaseException as exc:  # noqa: BLE001 - the loop stops the run and reports it
-                    log.exception("worker %s failed", self.thread)
+                    log.exception("worker %s: %s by process %s raised", self.thread, op["f"], op["process"])
                     self.outbox.put((self.thread, op, exc))
                     return
                 if result["type"] == "info":
@@ -163,7 +168,8 @@ class Interpreter:
             nonlocal gen
             thread, op, result = item
             if isinstance(result, BaseException):
-                raise RuntimeError(f"worker {thread} failed: {result!r}") from result
+                raise HarnessError(f"worker {thread} failed: {op['f']} by process {op['process']} (history "
+                                   f"line {op['index']}) raised {type(result).__name__}: {result}") from result
             fields = {k: v for k, v in op.items() if k not in ("index", "time", "process", "type")}
             record = self.history.append({"process": op["process"], "type": result["type"], **fields, **result})
             free.add(thread)

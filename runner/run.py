@@ -17,9 +17,11 @@ import shutil
 import signal
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import Callable
 
+from ..checker.check import HARNESS_ERRORS, record_harness_error
 from ..checker.verdict import summary
 from ..control.net import Net
 from ..control.local_cluster import LocalCluster
@@ -65,7 +67,7 @@ def run_test(spec: TestSpec, show_progress: bool = True) -> tuple[int, Path]:
     history = HistoryWriter(run_dir / "history.jsonl")
     state = {"phase": "setup", "since": time.monotonic(), "interpreter": None}
     cluster = None
-    interrupted = None
+    interrupted = failure = None
 
     def on_signal(signum, frame):
         raise Interrupted(signal.Signals(signum).name)
@@ -104,6 +106,10 @@ def run_test(spec: TestSpec, show_progress: bool = True) -> tuple[int, Path]:
         interrupted = str(exc) or "interrupt"
         if progress:
             progress.note(f"interrupted ({interrupted}): cleaning up, then checking what was recorded")
+    except Exception as exc:  # noqa: BLE001 - a harness failure is recorded, and the verdict is unknown
+        failure = f"{type(exc).__name__}: {exc}"
+        log.error("the run failed: %s", failure, exc_info=True)
+        record_harness_error(run_dir, failure, traceback.format_exc())
     finally:
         state["interpreter"], state["phase"], state["since"] = None, "teardown", time.monotonic()
         try:
@@ -124,4 +130,6 @@ def run_test(spec: TestSpec, show_progress: bool = True) -> tuple[int, Path]:
     print(summary(checked.results, str(run_dir)))
     if interrupted:
         print(f"note: the run was interrupted ({interrupted}); the verdict covers what was recorded")
+    if failure:
+        print(f"note: the harness failed ({failure}); its traceback is in {run_dir / HARNESS_ERRORS}")
     return checked.status, run_dir

@@ -16,7 +16,7 @@ from faultline.db.core import DB, Unsupported
 from faultline.models.history import HistoryWriter, read_history
 from faultline.models.spec import TestSpec
 from faultline.nemesis.core import Schedule
-from faultline.runner.interpreter import Interpreter
+from faultline.runner.interpreter import HarnessError, Interpreter
 from faultline.runner.run import execute
 from faultline.runner.testmap import Test, generator_of
 from faultline.workloads.core import Workload
@@ -189,7 +189,7 @@ def test_a_client_that_cannot_open_stops_the_run_and_says_which_worker():
         def append(self, op):
             return dict(op, index=0, time=0)
 
-    with pytest.raises(RuntimeError, match="worker 0 failed: OSError"):
+    with pytest.raises(HarnessError, match="worker 0 failed: send by process 0 .*raised OSError: no such broker"):
         Interpreter(gen, 1, lambda process: Broken("x", process), Sink()).run()
 
 
