@@ -34,19 +34,59 @@ LOG_START = 0
 # the runner sends them to clients.log in the run's store folder.
 LIBRDKAFKA_LOG = logging.getLogger("faultline.librdkafka")
 
-# Errors after which librdkafka certainly did not write the message.
-DEFINITE_FAILURES = {
-    KafkaError.MSG_SIZE_TOO_LARGE,
-    KafkaError.UNKNOWN_TOPIC_OR_PART,
+# What a delivery report's error says of whether the broker wrote the message.
+# Refused before anything was written, whatever came before: the message never left the client
+# (_UNKNOWN_*, a purge of the queue), or a broker refusal that no attempt gets past and that
+# librdkafka does not retry (a retry of an earlier, possibly written attempt would have been
+# refused the same way).
+NEVER_WRITTEN = {
     KafkaError._UNKNOWN_PARTITION,
     KafkaError._UNKNOWN_TOPIC,
+    KafkaError._PURGE_QUEUE,
+    KafkaError.MSG_SIZE_TOO_LARGE,
     KafkaError.INVALID_REQUIRED_ACKS,
-    KafkaError.NOT_ENOUGH_REPLICAS,
     KafkaError.INVALID_MSG,  # CORRUPT_MESSAGE: the CRC check refused it
     KafkaError.TOPIC_AUTHORIZATION_FAILED,
     KafkaError.RECORD_LIST_TOO_LARGE,
     KafkaError.INVALID_RECORD,
 }
+# The last attempt was refused before the append, but librdkafka retries these: an earlier
+# attempt that timed out may have been written. With idempotence a retry of a written batch is
+# answered as a duplicate (success), so a final refusal means nothing was written; without it, or
+# when it was the only attempt (retries=0), it is certain only in the second case.
+REFUSED_BEFORE_APPEND = {
+    KafkaError.NOT_ENOUGH_REPLICAS,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
+}
+# Everything else is indeterminate: timeouts (_MSG_TIMED_OUT, REQUEST_TIMED_OUT, _TIMED_OUT),
+# transport failures, a purge of messages in flight, NOT_ENOUGH_REPLICAS_AFTER_APPEND (written
+# by the leader, not known to be replicated), fatal producer errors.
+
+
+def certainly_not_written(code: int, idempotent: bool, retries: int) -> bool:
+    """Whether a message whose delivery report carries this error code was certainly not written."""
+    if code in NEVER_WRITTEN:
+        return True
+    return code in REFUSED_BEFORE_APPEND and (idempotent or retries == 0)
+
+
+def send_completion(mops: list[Op], reports: list, remaining: int, idempotent: bool, retries: int) -> Op:
+    """A send's completion from its delivery reports (one per mop: (error or None, offset), or None
+    when none came) and the messages still queued: ok when every message was acknowledged, fail when
+    none of them can have been written, info otherwise."""
+    if remaining or any(r is None for r in reports):
+        return {"type": "info", "mops": mops, "error": "no delivery report before the timeout"}
+    errors = [err for err, _ in reports if err is not None]
+    if not errors:
+        return {"type": "ok", "mops": [dict(m, offset=(off if off is not None and off >= 0 else None))
+                                       for m, (_, off) in zip(mops, reports)]}
+    text = "; ".join(sorted({e.str() for e in errors}))
+    if len(errors) == len(reports) and all(certainly_not_written(e.code(), idempotent, retries) for e in errors):
+        return {"type": "fail", "mops": mops, "error": text}
+    return {"type": "info", "mops": mops, "error": text}
 
 
 def parse_key(key: str) -> tuple[str, int]:
@@ -180,6 +220,10 @@ class QueueClient:
         self.assignment: list[str] = []
         self.positions: dict[str, int] = {}
         self.send_timeout = int(producer_settings.get("message.timeout.ms", 5000)) / 1000 + 5
+        self.idempotent = str(producer_settings.get("enable.idempotence", "false")).strip().lower() == "true"
+        # librdkafka's default: retry (practically) forever within message.timeout.ms
+        self.retries = int(producer_settings.get("retries", producer_settings.get("message.send.max.retries",
+                                                                               2147483647)))
 
     def open(self) -> None:
         self.producer = Producer({"bootstrap.servers": self.bootstrap, **self.producer_settings},
@@ -231,17 +275,7 @@ class QueueClient:
                 return {"type": "fail", "mops": op["mops"], "error": f"produce refused: {exc}"}
             return {"type": "info", "mops": op["mops"], "error": f"produce refused part way: {exc}"}
         remaining = self.producer.flush(self.send_timeout)
-        errors = [r[0] for r in results if r is not None and r[0] is not None]
-        if remaining or any(r is None for r in results):
-            return {"type": "info", "mops": op["mops"], "error": "no delivery report before the timeout"}
-        if not errors:
-            mops = [dict(m, offset=(off if off is not None and off >= 0 else None))
-                    for m, (_, off) in zip(op["mops"], results)]
-            return {"type": "ok", "mops": mops}
-        text = "; ".join(sorted({e.str() for e in errors}))
-        if len(errors) == len(results) and all(e.code() in DEFINITE_FAILURES for e in errors):
-            return {"type": "fail", "mops": op["mops"], "error": text}
-        return {"type": "info", "mops": op["mops"], "error": text}
+        return send_completion(op["mops"], results, remaining, self.idempotent, self.retries)
 
     def _poll(self, op: Op) -> Op:
         if not self.assignment:
