@@ -71,8 +71,9 @@ def generator_of(spec: TestSpec, workload: Workload, schedule: Schedule | None):
     if schedule is None:
         return Phases((main, clients(TimeLimit(spec.final_time_limit, workload.final_generator))),
                       names=("main", "final"))
-    faults = nemesis(TimeLimit(spec.time_limit, Unfold(schedule.step, schedule.start)))
-    return Phases((any_(main, faults), nemesis(Once({"f": "heal"})),
+    # One time limit over both, as in Jepsen: it starts with the first op either gives.
+    main = TimeLimit(spec.time_limit, any_(clients(workload.generator), nemesis(Unfold(schedule.step, schedule.start))))
+    return Phases((main, nemesis(Once({"f": "heal"})),
                    clients(TimeLimit(spec.final_time_limit, workload.final_generator))),
                   names=("main", "heal", "final"))
 

@@ -249,3 +249,13 @@ def test_clients_and_nemesis_keep_their_ops_to_their_threads():
 def test_a_db_without_a_capability_says_so():
     with pytest.raises(Unsupported, match="cannot cut the power"):
         FakeDB().power_off("n1")
+
+
+def test_a_time_limit_starts_when_its_threads_became_free_not_when_its_op_is_finally_taken():
+    # The nemesis's first fault is due at 8 s; the interpreter asks again and again before then
+    # (client completions wake it). The limit must still end 10 s after the phase began.
+    gen = TimeLimit(10, Fn(lambda c: {"f": "kill", "at": 8.0}))
+    for now in (0.0, 3.0, 7.9):
+        ctx = Context(now, frozenset(["nemesis"]), ("nemesis",), {"nemesis": "nemesis"}, {"nemesis": 0.0})
+        op, after = gen.op(ctx)
+    assert op["at"] == 8.0 and after.deadline == 10.0

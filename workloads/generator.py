@@ -329,14 +329,19 @@ class Stagger:
 
 @dataclass(frozen=True)
 class TimeLimit:
-    """`gen` until `seconds` after its first op was asked for; an op due after that is not given."""
+    """`gen` for `seconds` from when it started (when its threads were all free and it was first
+    asked: the latest moment one of them became free); an op due after that is not given. The
+    start does not move when an op is asked for and not taken."""
 
     seconds: float
     gen: Any
     deadline: float | None = None
 
     def op(self, ctx):
-        deadline = self.deadline if self.deadline is not None else ctx.time + self.seconds
+        deadline = self.deadline
+        if deadline is None:
+            since = [ctx.free_since[t] for t in ctx.threads if t in ctx.free_since]
+            deadline = (max(since) if since else ctx.time) + self.seconds
         if ctx.time >= deadline:
             return None
         answer = self.gen.op(ctx)

@@ -25,6 +25,7 @@ def run_with_leader_kills(store, seed: int, *extra: str) -> tuple[dict, list[dic
     run_dir = (store / "latest").resolve()
     results = json.loads((run_dir / "results.json").read_text())
     history = read_history(run_dir / "history.jsonl").ops
+    assert proc.returncode == {True: 0, False: 1, "unknown": 2}[results["valid"]], proc.stdout + proc.stderr
     return results, history, proc.stdout + proc.stderr
 
 
@@ -66,11 +67,20 @@ def test_acks_1_loses_acknowledged_writes_when_the_leader_dies(tmp_path):
         tmp_path / "store", 1, "--producer", "acks=1", "--producer", "enable.idempotence=false",
         "--broker-set", "replica.fetch.min.bytes=100000000", "--broker-set", "replica.fetch.wait.max.ms=2000")
     assert leader_kills(history), output
+    # acks=1 promises no durability: the loss is found, listed, and allowed by the run's own model.
+    assert results["model"].startswith("best-effort"), summary(results)
+    assert results["valid"] is True, summary(results)
     found = set(results["anomaly_types"]) & {"lost-write", "unseen"}
     assert found, summary(results)
     witness = results["anomalies"][sorted(found)[0]][0]
     assert "acknowledged" in witness["explanation"]
     assert leftovers() == NOTHING_LEFT
+    # Judged by what acks=all with idempotence promises, the same history is invalid for that loss.
+    run_dir = (tmp_path / "store" / "latest").resolve()
+    strict = faultline("check", "--engine", "python", "--model", "exactly-once", "--no-progress", str(run_dir))
+    assert strict.returncode == 1, strict.stdout + strict.stderr
+    rejudged = json.loads((run_dir / "results.json").read_text())
+    assert rejudged["valid"] is False and "lost-write" in rejudged["bad_anomaly_types"], summary(rejudged)
 
 
 def test_partitions_and_pauses_on_a_cluster_with_acks_all_stay_valid_and_heal(tmp_path):
@@ -81,6 +91,7 @@ def test_partitions_and_pauses_on_a_cluster_with_acks_all_stay_valid_and_heal(tm
     run_dir = (store / "latest").resolve()
     results = json.loads((run_dir / "results.json").read_text())
     history = read_history(run_dir / "history.jsonl").ops
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     faults = [op for op in history if op["process"] == "nemesis" and op["type"] == "info"]
     partitions = [op for op in faults if op["f"] == "start-partition"]
     assert partitions, proc.stdout + proc.stderr
@@ -102,6 +113,7 @@ def run_with_a_power_loss(store, *extra: str) -> tuple[dict, list[dict], dict]:
     run_dir = (store / "latest").resolve()
     results = json.loads((run_dir / "results.json").read_text())
     history = read_history(run_dir / "history.jsonl").ops
+    assert proc.returncode == {True: 0, False: 1, "unknown": 2}[results["valid"]], proc.stdout + proc.stderr
     outages = [op for op in history if op["process"] == "nemesis" and op["f"] == "power-off" and op["type"] == "info"]
     assert [op["value"]["nodes"] for op in outages] == [["n1", "n2", "n3"]], proc.stdout + proc.stderr
     acknowledged = {(m["key"], m["value"]) for op in history if op["type"] == "ok" and op["process"] != "nemesis"

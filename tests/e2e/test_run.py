@@ -111,9 +111,10 @@ def test_each_kill_ends_the_broker_and_the_restarted_one_serves_again(tmp_path):
     proc = faultline("run", "--time-limit", "20", "--rate", "300", "--concurrency", "4", "--seed", "3",
                      "--producer", "acks=0", "--producer", "enable.idempotence=false",
                      "--nemesis", "kill", "--nemesis-interval", "3", "--store", str(store), "--no-progress")
-    assert proc.returncode in (0, 1), proc.stderr
     run_dir = (store / "latest").resolve()
     results = json.loads((run_dir / "results.json").read_text())
+    # Whatever acks=0 lost to the kills, its model allows it: the run is valid.
+    assert proc.returncode == 0 and results["valid"] is True, proc.stdout + proc.stderr
     history = read_history(run_dir / "history.jsonl").ops
     faults = [op for op in history if op["process"] == "nemesis" and op["type"] == "info"]
     kills = [op for op in faults if op["f"] == "kill"]
@@ -129,7 +130,7 @@ def test_each_kill_ends_the_broker_and_the_restarted_one_serves_again(tmp_path):
             served = [op for op in history
                       if op["index"] > start["index"] and op["f"] == "send" and op["type"] == "ok"]
             assert served, f"no send succeeded after the restart at index {start['index']}"
-    assert results["model"] == "best-effort"
+    assert results["model"].startswith("best-effort")
     assert leftovers() == NOTHING_LEFT
 
 
@@ -165,7 +166,8 @@ def test_the_same_seed_gives_the_same_schedule_and_invocations(tmp_path):
     def streams(store):
         proc = faultline("run", "--time-limit", "12", "--rate", "60", "--concurrency", "3", "--seed", "7",
                          "--nemesis", "kill", "--nemesis-interval", "3", "--store", str(store), "--no-progress")
-        assert proc.returncode in (0, 1), proc.stderr
+        # One broker, acks=all: a SIGKILL loses nothing the OS had (no power loss): valid.
+        assert proc.returncode == 0, proc.stdout + proc.stderr
         history = read_history((store / "latest").resolve() / "history.jsonl").ops
         end = next(op["index"] for op in history if op["process"] == "nemesis" and op["f"] == "heal")
         nemesis = [(op["f"], op.get("seed")) for op in history
