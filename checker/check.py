@@ -42,18 +42,35 @@ def locate(path: str | Path) -> tuple[Path, Path]:
     return path.parent, path
 
 
-def model_for(directory: Path, override: str | None) -> tuple[Model, str | None]:
-    """The run's model and, when test.json is absent, a note saying so."""
-    if override:
-        return model_named(override), None
+def read_spec(directory: Path) -> dict[str, Any] | None:
+    """The run's test.json beside its history, or None when there is none."""
     spec_path = directory / "test.json"
     if not spec_path.exists():
+        return None
+    try:
+        spec = json.loads(spec_path.read_text())
+    except ValueError as exc:
+        raise ValueError(f"{spec_path} is not valid JSON: {exc}") from None
+    if not isinstance(spec, dict):
+        raise ValueError(f"{spec_path} holds no JSON object")
+    return spec
+
+
+def model_for(directory: Path, override: str | None) -> tuple[Model, str | None]:
+    """The run's model and, when test.json is absent, a note saying so. A model name (`override`, or
+    test.json's `model`) sets the promises; otherwise they come from test.json's producer, consumer
+    and broker settings and its nemesis list. How consumers read (test.json's consumer_mode, assign
+    when absent) is a fact of the run, under any model."""
+    spec = read_spec(directory)
+    mode = (spec or {}).get("consumer_mode") or "assign"
+    if override:
+        return model_named(override, mode), None
+    if spec is None:
         return model_named(STRICTEST), f"no test.json beside the history: judged by the strictest model, {STRICTEST}"
-    spec = json.loads(spec_path.read_text())
     if spec.get("model"):
-        return model_named(spec["model"]), None
-    mode = spec.get("consumer_mode", "assign")
-    return model_for_settings(spec.get("producer", {}), mode), None
+        return model_named(spec["model"], mode), None
+    return model_for_settings(spec.get("producer") or {}, mode, spec.get("broker_settings") or {},
+                              spec.get("nemesis") or [], spec.get("consumer") or {}), None
 
 
 ENGINES = ("spark", "python")

@@ -1,20 +1,28 @@
-"""G0 and G1c, and their -process and -realtime variants: cycles in the dependency graph
-between operations, found with networkx.
+"""G0, G1c and G1c-ww, and their -process and -realtime variants: cycles in the dependency
+graph between operations, found with networkx.
 
 In: an engine's `Analysis`, whose `dependencies` are (src op, dst op, 'ww' |
 'wr', key) edges and whose `hubs` are (op, invoke index, process, type)
 (history_analysis/result.py, DEPENDENCIES, says how both engines derive
 them).
-Out: the same Analysis with counts and examples for
+Out: the same Analysis with counts and examples for each type of
+models/anomaly_types.py that the cycle search finds (SEARCH says how):
 - G0: a strongly connected component of the write-write graph (writes of
   two operations ordered one way in one key's log and the other way in
   another's);
-- G1c: a strongly connected component of the write-write + write-read graph
-  that holds a write-read edge (circular information flow);
-- G0-process, G1c-process: the same with each process's order added (an ok
+- G1c: a strongly connected component of the write-read graph alone
+  (circular information flow with no inferred write order in it);
+- G1c-ww: a strongly connected component of the write-write + write-read
+  graph that holds a write-read edge and is not a G1c component: a cycle of
+  information flow that needs a write-write edge. As in Jepsen's Kafka
+  checker, which draws no write-write edges unless asked, this is kept apart
+  from G1c: Kafka has no write isolation, so a poll of one operation may
+  legally see a write that landed after that operation's own send;
+- each -process variant: the same with each process's order added (an ok
   operation precedes the process's later ones), for components that exist
-  only through that order;
-- G0-realtime, G1c-realtime: the same with real-time order added (an ok
+  only through that order (and, for G1c-ww-process, that need a write-write
+  edge: not a component of G1c, G1c-ww or G1c-process);
+- each -realtime variant: the same with real-time order added (an ok
   operation whose completion comes before another's invocation precedes it).
 As in Jepsen, an operation that did not complete ok orders nothing after it:
 its effects may land at any later time. Real-time order between n operations
@@ -22,9 +30,11 @@ has up to n² pairs; it enters the graph as a chain of time points instead
 (each ok operation's completion, in history order), so a path through the
 chain stands for one real-time step.
 One witness per component: its size (operations), and one cycle through it
-as `ops` and `steps` (from, to, ww/wr/process/realtime, key); a variant's
-cycle goes through an order step (and, for G1c, a write-read one), so it
-may pass an operation twice. With `full_dir`, every witness goes to
+as `ops` and `steps` (from, to, ww/wr/process/realtime, key); the cycle goes
+through every kind of step its type needs (a write-read step for the G1c
+types, a write-write step that no other edge doubles for the G1c-ww types,
+an order step for the variants), so it may pass an operation twice (`ops`
+lists each once). With `full_dir`, every witness goes to
 `full_dir/<type>.jsonl`, as the engines write the other types.
 """
 
@@ -38,13 +48,29 @@ from typing import Any
 import networkx as nx
 
 from ..history_analysis.result import Analysis, witness_json
+from ..models.anomaly_types import CYCLES, names
 
-ORDER_TYPES = ("G0-process", "G1c-process", "G0-realtime", "G1c-realtime")
-CYCLE_TYPES = ("G0", "G1c", *ORDER_TYPES)
 BASE_KINDS = ("ww", "wr")
+# How each cycle type is searched: its dependency kinds, the order added (None: none), and the types
+# whose components it leaves out (it reports only components that need what those lack). Listed so
+# that every type comes after those it leaves out.
+SEARCH: dict[str, tuple[frozenset[str], str | None, tuple[str, ...]]] = {
+    "G0": (frozenset({"ww"}), None, ()),
+    "G1c": (frozenset({"wr"}), None, ()),
+    "G1c-ww": (frozenset({"ww", "wr"}), None, ("G1c",)),
+    **{kind: spec for order in ("process", "realtime") for kind, spec in (
+        (f"G0-{order}", (frozenset({"ww"}), order, ("G0",))),
+        (f"G1c-{order}", (frozenset({"wr"}), order, ("G1c",))),
+        (f"G1c-ww-{order}", (frozenset({"ww", "wr"}), order, ("G1c", "G1c-ww", f"G1c-{order}"))),
+    )},
+}
+CYCLE_TYPES = names(CYCLES)
+ORDER_TYPES = tuple(kind for kind in CYCLE_TYPES if SEARCH[kind][1] is not None)
+if set(SEARCH) != set(CYCLE_TYPES):
+    raise ValueError(f"the cycle search and the anomaly registry disagree: {sorted(set(SEARCH) ^ set(CYCLE_TYPES))}")
 
 
-def _graph(edges, kinds: set[str]) -> nx.DiGraph:
+def _graph(edges, kinds: set[str] | frozenset[str]) -> nx.DiGraph:
     g = nx.DiGraph()
     for src, dst, kind, key in edges:
         if kind not in kinds:
@@ -71,32 +97,6 @@ def _witness(g: nx.DiGraph, cycle: list[int], size: int, first_kind: str | None 
 
 def _components(g: nx.DiGraph) -> list[list[int]]:
     return sorted(sorted(c) for c in nx.strongly_connected_components(g) if len(c) >= 2)
-
-
-def g0(edges) -> list[dict[str, Any]]:
-    g = _graph(edges, {"ww"})
-    out = []
-    for comp in _components(g):
-        sub = g.subgraph(comp)
-        start = comp[0]
-        # The shortest way back to the component's first operation is a cycle through it.
-        back = min((nx.shortest_path(sub, nxt, start) for nxt in sorted(sub.successors(start))), key=len)
-        out.append(_witness(g, [start] + back[:-1], len(comp)))
-    return out
-
-
-def g1c(edges) -> list[dict[str, Any]]:
-    g = _graph(edges, {"ww", "wr"})
-    out = []
-    for comp in _components(g):
-        sub = g.subgraph(comp)
-        reads = sorted((a, b) for a, b, why in sub.edges(data="why") if any(k == "wr" for k, _ in why))
-        if not reads:
-            continue
-        a, b = reads[0]
-        back = nx.shortest_path(sub, b, a)
-        out.append(_witness(g, [a] + back[:-1], len(comp), first_kind="wr"))
-    return out
 
 
 def order_edges(hubs, order: str) -> list[tuple[int, int, str, None]]:
@@ -176,32 +176,50 @@ def on_cycles(edge_lists) -> set[int]:
     return set(nodes[sizes[labels] > 1].tolist())
 
 
-def ordered_cycles(edges, hubs, kind: str, order_edge_list=None) -> list[dict[str, Any]]:
-    """G0-process, G1c-process, G0-realtime or G1c-realtime (`kind`); `order_edge_list` saves
-    computing `order_edges(hubs, order)` again."""
-    base_type, order = kind.split("-")
-    kinds = {"ww"} if base_type == "G0" else {"ww", "wr"}
-    base = _graph(edges, kinds)
-    covered = {frozenset(c) for c in _components(base)
-               if base_type == "G0" or any(k == "wr" for _, _, why in base.subgraph(c).edges(data="why")
-                                           for k, _ in why)}
-    if order_edge_list is None:
-        order_edge_list = order_edges(hubs, order)
-    g = _graph([*edges, *order_edge_list], kinds | {order})
-    out = []
+def _search(edges, deps: frozenset[str], order: str | None, order_edge_list,
+            covered: set[frozenset[int]]) -> tuple[list[dict[str, Any]], set[frozenset[int]]]:
+    """The witnesses of one cycle type (SEARCH), and the operations of each component it reports."""
+    g = _graph([*edges, *order_edge_list], deps | ({order} if order else set()))
+    out, reported = [], set()
     for comp in _components(g):
         real = sorted(n for n in comp if n >= 0)
         if len(real) < 2 or frozenset(real) in covered:
             continue
         sub = g.subgraph(comp)
-        inner = sorted(sub.edges(data="why"), key=lambda e: (e[0] < 0, e[0], e[1]))
-        entry = next(((a, b) for a, b, why in inner if a >= 0 and any(k == order for k, _ in why)), None)
-        reads = [(a, b) for a, b, why in inner if any(k == "wr" for k, _ in why)]
-        if entry is None or (base_type == "G1c" and not reads):
+        if deps == {"ww"} and order is None:
+            start = comp[0]
+            # The shortest way back to the component's first operation is a cycle through it.
+            back = min((nx.shortest_path(sub, nxt, start) for nxt in sorted(sub.successors(start))), key=len)
+            out.append(_witness(g, [start] + back[:-1], len(comp)))
+            reported.add(frozenset(real))
             continue
-        walk = _walk(sub, entry[0], entry, *reads[:1])
-        out.append(_order_witness(g, walk, order, len(real)))
-    return out
+        inner = sorted(((a, b, {k for k, _ in why}) for a, b, why in sub.edges(data="why")),
+                       key=lambda e: (e[0] < 0, e[0], e[1]))
+        entry = next(((a, b) for a, b, ks in inner if a >= 0 and order in ks), None)
+        read = next(((a, b) for a, b, ks in inner if "wr" in ks), None)
+        # A write-write edge that no other edge doubles for: one the component needs.
+        write = next(((a, b) for a, b, ks in inner if ks == {"ww"}), None)
+        if (order and entry is None) or ("wr" in deps and read is None):
+            continue
+        through = [e for e in (entry, read, write if deps == {"ww", "wr"} else None) if e is not None]
+        walk = _walk(sub, through[0][0], *through)
+        out.append(_order_witness(g, walk, order or "wr", len(real)))
+        reported.add(frozenset(real))
+    return out, reported
+
+
+def search(edges, hubs=None, orders: dict[str, list] | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Every cycle type's witnesses over the dependency `edges`; the order edges come from `orders`
+    (by order: process, realtime) or else from `hubs`."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    reported: dict[str, set[frozenset[int]]] = {}
+    for kind, (deps, order, leaves_out) in SEARCH.items():
+        order_edge_list = []
+        if order is not None:
+            order_edge_list = orders[order] if orders is not None else order_edges(hubs or [], order)
+        covered = set().union(*(reported[other] for other in leaves_out))
+        found[kind], reported[kind] = _search(edges, deps, order, order_edge_list, covered)
+    return {kind: found[kind] for kind in CYCLE_TYPES}
 
 
 def add_cycles(analysis: Analysis, limit: int = 32, full_dir: str | Path | None = None) -> Analysis:
@@ -212,9 +230,7 @@ def add_cycles(analysis: Analysis, limit: int = 32, full_dir: str | Path | None 
     keep = on_cycles([analysis.dependencies, *orders.values()])
     deps = [e for e in analysis.dependencies if e[0] in keep and e[1] in keep]
     orders = {o: [e for e in es if e[0] in keep and e[1] in keep] for o, es in orders.items()}
-    found = {"G0": g0(deps), "G1c": g1c(deps)}
-    for kind in ORDER_TYPES:
-        found[kind] = ordered_cycles(deps, None, kind, orders[kind.split("-")[1]])
+    found = search(deps, orders=orders)
     for kind, witnesses in found.items():
         witnesses.sort(key=lambda w: (min(w["ops"]), witness_json(w)))
         if witnesses:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ..models.anomaly_types import CYCLES, names
+
 
 def _ops(ops) -> str:
     ops = list(ops or [])
@@ -39,9 +41,20 @@ def _unexpected(w):
 
 
 def _lost(w):
-    return (f"value {_fmt(w, 'value')} was acknowledged at offset {_fmt(w, 'offset')} of {_fmt(w, 'key')} "
-            f"({_ops(w.get('ops'))}), and reads went past that offset (to {_fmt(w, 'read_offset')}) "
+    head = f"value {_fmt(w, 'value')} was acknowledged at offset {_fmt(w, 'offset')} of {_fmt(w, 'key')} "
+    if "read_offset" not in w and "final_assign" in w:  # the complete final log lacks it
+        there = (f"holds value {w['final_value']} there" if w.get("final_value") is not None
+                 else "holds nothing there")
+        return (head + f"({_ops([w.get('send_op')])}), but the complete final log (read from op "
+                f"{_fmt(w, 'final_assign')} to offset {_fmt(w, 'final_read_to')}) {there}: the write is gone")
+    return (head + f"({_ops(w.get('ops'))}), and reads went past that offset (to {_fmt(w, 'read_offset')}) "
             f"without ever returning it: nobody will read it")
+
+
+def _reused(w):
+    return (f"value {_fmt(w, 'value')} was acknowledged at offset {_fmt(w, 'offset')} of {_fmt(w, 'key')} "
+            f"({_ops([w.get('send_op')])}), but offset {_fmt(w, 'offset')} holds value {_fmt(w, 'other_value')} "
+            f"({_ops([w.get('other_op')])}): the acknowledged write was lost and its offset reused")
 
 
 def _unseen(w):
@@ -119,9 +132,11 @@ def _cycle(w):
             f"{_fmt(w, 'size')} in its component): {steps}{more}, back to the first")
 
 
+# Keyed by the names of models/anomaly_types.py: a test holds these keys to exactly the registry's.
 EXPLAINERS: dict[str, Callable[[dict], str]] = {
     "duplicate": _duplicate,
     "inconsistent-offsets": _inconsistent,
+    "reused-offset": _reused,
     "unexpected": _unexpected,
     "lost-write": _lost,
     "unseen": _unseen,
@@ -135,9 +150,7 @@ EXPLAINERS: dict[str, Callable[[dict], str]] = {
     "int-nonmonotonic-poll": _int_nonmonotonic_poll,
     "int-send-skip": _int_send_skip,
     "int-nonmonotonic-send": _int_nonmonotonic_send,
-    "G0": _cycle,
-    "G1c": _cycle,
-    **{kind: _cycle for kind in ("G0-process", "G1c-process", "G0-realtime", "G1c-realtime")},
+    **{kind: _cycle for kind in names(CYCLES)},
 }
 
 

@@ -21,7 +21,8 @@ EXIT = {True: 0, False: 1, "unknown": 2}
 def verdict(analysis, model: Model) -> dict[str, Any]:
     counts = {t: int(n) for t, n in sorted(analysis.counts.items()) if n}
     found = sorted(counts)
-    bad = sorted(t for t in found if t in model.forbidden)
+    # Forbidden by the model, or unknown to the anomaly registry (fail closed: nobody judged it).
+    bad = sorted(t for t in found if model.forbids(t))
     stats = dict(analysis.stats)
     valid: Any = not bad
     anomalies = {}

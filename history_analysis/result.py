@@ -14,10 +14,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-TYPES = ("lost-write", "unseen", "duplicate", "inconsistent-offsets", "reused-offset", "unexpected",
-         "poll-skip", "nonmonotonic-poll", "nonmonotonic-send", "uncommitted-read",
-         "G1a", "precommitted-read", "int-poll-skip", "int-nonmonotonic-poll", "int-send-skip",
-         "int-nonmonotonic-send")
+from ..models.anomaly_types import ENGINE, names
+
+# The types the engines find, in report order: the registry's (models/anomaly_types.py).
+TYPES = names(ENGINE)
 UNEXPECTED_OPS = 16
 UNSEEN_VALUES = 8
 SKIPPED_SHOWN = 5

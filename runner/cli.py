@@ -43,6 +43,7 @@ examples:
   faultline check store/queue/*/ --model at-least-once
   faultline check path/to/history.jsonl
   faultline check path/to/history.jsonl --engine python
+  faultline check store/latest --explain-model   # which anomalies the run's model forbids, and why
 
 Writes results.json beside each history. Exit status: 0 when every history is
 valid, 1 when any is invalid, 2 when any is unknown or could not be read.
@@ -124,9 +125,31 @@ def cmd_repro(args: argparse.Namespace) -> int:
     return status
 
 
+def cmd_explain_model(args: argparse.Namespace) -> int:
+    from ..checker.check import locate, model_for
+
+    status = 0
+    for path in args.paths:
+        directory, _ = locate(path)
+        try:
+            model, note = model_for(directory, args.model)
+        except ValueError as exc:
+            print(f"faultline check --explain-model {path}: {exc}", file=sys.stderr)
+            status = 2
+            continue
+        print(f"{path}:")
+        if note:
+            print(f"note: {note}")
+        print(model.explain())
+    return status
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     from ..checker.verdict import summary
     from .checking import check_with_progress
+
+    if args.explain_model:
+        return cmd_explain_model(args)
 
     checked = check_with_progress(args.paths, args.spark_master, args.model, not args.no_progress, args.engine)
     for c in checked:
@@ -183,7 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "n2=-30; the clock nemeses return it there when they heal (repeatable)")
     run.add_argument("--store", metavar="DIR", help="store folder (default ./store)")
     run.add_argument("--spark-master", metavar="URL", help="Spark master for the check (default local[2])")
-    run.add_argument("--model", help="guarantee model to judge by (default: from the producer settings)")
+    run.add_argument("--model", help="guarantee model to judge by (default: from the producer, consumer and broker "
+                     "settings and the nemesis; see faultline check --explain-model)")
     run.add_argument("--no-progress", action="store_true", help="no progress line")
     run.set_defaults(func=cmd_run)
 
@@ -193,7 +217,12 @@ def build_parser() -> argparse.ArgumentParser:
                            epilog=CHECK_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     check.add_argument("paths", nargs="+", metavar="PATH", help="store folder(s) or history.jsonl file(s)")
     check.add_argument("--model", help="judge by this model instead of the run's own "
-                                       "(exactly-once, at-least-once, at-most-once, best-effort)")
+                                       "(exactly-once, at-least-once, at-most-once, best-effort; add a promise "
+                                       "with +, e.g. exactly-once+write-isolation)")
+    check.add_argument("--explain-model", action="store_true",
+                       help="check nothing: print the model each PATH is judged by (its test.json, or --model), "
+                            "its promises and the settings they come from, and every anomaly type, forbidden "
+                            "or allowed, and why")
     check.add_argument("--spark-master", default="local[2]", metavar="URL",
                        help="Spark master (default local[2]; e.g. spark://host:7077)")
     check.add_argument("--engine", choices=("spark", "python"), default="spark",

@@ -76,6 +76,35 @@ def test_check_gives_each_history_its_verdict_and_the_worst_exit_status(tmp_path
     assert dup_r["anomaly_types"] == ["duplicate"] and dup_r["bad_anomaly_types"] == []
 
 
+def test_explain_model_prints_each_type_forbidden_or_allowed_and_why(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    spec = {"producer": {"acks": "all", "enable.idempotence": "true"}, "consumer": {},
+            "broker_settings": {"min.insync.replicas": "1"}, "nemesis": ["kill-leader"]}
+    (run / "test.json").write_text(json.dumps(spec))
+
+    def explain(*extra):
+        proc = subprocess.run([sys.executable, "-m", "faultline.runner.cli", "check", "--explain-model", str(run),
+                               *extra], cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc.stdout
+
+    out = explain()
+    assert "model at-most-once (min.insync.replicas=1 with faults kill-leader: acknowledged writes may be lost)" in out
+    lines = {line.split(":")[0].strip(): line for line in out.splitlines() if line.startswith("  ")}
+    assert lines["allowed   lost-write"].endswith("min.insync.replicas=1 with faults kill-leader: acks=all waits "
+                                                  "only for the in-sync replicas, which may be the leader alone, "
+                                                  "and such writes are lost if it fails)")
+    assert "only no-duplicates rules it out, and the run claims it (because enable.idempotence=true" in (
+        lines["FORBIDDEN duplicate"])
+    assert "FORBIDDEN uncommitted-read" in lines and "allowed   G1c-ww" in lines
+    assert "FORBIDDEN any type not listed above (fail closed" in out
+    assert not (run / "results.json").exists(), "explaining a model checks nothing"
+    # --model overrides the run's settings
+    assert "  FORBIDDEN lost-write: only no-loss rules it out, and the run claims it (because the model named " \
+           "exactly-once claims it)" in explain("--model", "exactly-once")
+
+
 def test_run_spec_merges_toml_and_flags(tmp_path):
     toml = tmp_path / "t.toml"
     toml.write_text('name = "mine"\nrate = 50\ntime-limit = 12\n[producer]\nacks = "1"\n')

@@ -1,0 +1,223 @@
+"""The anomaly registry and the guarantee models: one list of types that every other list derives
+from, models derived from a run's settings as promises, and a verdict that fails closed on a type
+nobody registered."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from faultline.checker import cycles, explain
+from faultline.checker.verdict import verdict
+from faultline.history_analysis import result
+from faultline.models import anomaly_types as registry
+from faultline.models.anomaly_types import PROMISES, REGISTRY, AnomalyType
+from faultline.models.guarantees import BASE_NAMES, model_for_settings, model_named
+from faultline.models.spec import DEFAULT_CONSUMER, DEFAULT_PRODUCER
+
+ALL = frozenset(registry.names())
+# Always forbidden while nothing lets committed records go and consumers assign.
+READS = {"unexpected", "G1a", "inconsistent-offsets", "uncommitted-read", "int-poll-skip",
+         "int-nonmonotonic-poll", "poll-skip", "nonmonotonic-poll"}
+LOSS = {"lost-write", "unseen", "reused-offset", "nonmonotonic-send"}
+EXACTLY_ONCE = READS | LOSS | {"duplicate", "int-nonmonotonic-send"}
+# What the cycle search and the transactions promise add for a named model.
+NAMED_TXN = {"precommitted-read"}
+NAMED_TXN_LOSS = {"G1c", "G1c-process", "G1c-realtime"}
+
+
+# --- the registry --------------------------------------------------------------------
+
+def test_every_type_has_a_description_a_finder_and_promises_or_a_reason():
+    assert len(ALL) == len(REGISTRY)
+    for t in REGISTRY:
+        assert t.description and t.found_by in (registry.ENGINE, registry.CYCLES), t
+        assert t.breaks <= set(PROMISES)
+        assert bool(t.breaks) != bool(t.never_bad), f"{t.name}: promises it breaks, or why it is never bad"
+
+
+def test_every_registered_type_has_an_explainer_and_every_explainer_a_type():
+    assert set(explain.EXPLAINERS) == ALL
+
+
+def test_the_engines_and_the_cycle_search_take_their_types_from_the_registry():
+    assert result.TYPES == registry.names(registry.ENGINE)
+    assert cycles.CYCLE_TYPES == registry.names(registry.CYCLES)
+    assert set(cycles.SEARCH) == set(cycles.CYCLE_TYPES)
+    assert set(result.TYPES) | set(cycles.CYCLE_TYPES) == ALL
+    assert "reused-offset" in result.TYPES
+    assert {"G1c", "G1c-ww", "G1c-ww-process", "G1c-ww-realtime"} <= set(cycles.CYCLE_TYPES)
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"found_by": "spark"}, "neither"),
+    ({"breaks": frozenset({"no-such-promise"})}, "unknown promise"),
+    ({"breaks": frozenset()}, "why it is never bad"),
+    ({"never_bad": "reported for information"}, "why it is never bad"),
+    ({"description": ""}, "no description"),
+])
+def test_a_malformed_registry_entry_is_refused(fields, message):
+    entry = {"name": "x", "description": "d", "found_by": registry.ENGINE, "breaks": frozenset({"no-loss"}),
+             **fields}
+    with pytest.raises(ValueError, match=message):
+        AnomalyType(**entry)
+    assert AnomalyType("y", "d", registry.ENGINE, frozenset(), "reported for information").never_bad
+
+
+def test_the_reused_offset_explanation_names_both_values_and_operations():
+    text = explain.explain("reused-offset", {"key": "t/0", "offset": 3, "value": 7, "send_op": 12,
+                                             "other_value": 9, "other_op": 40, "ops": [12, 40]})
+    assert text == ("value 7 was acknowledged at offset 3 of t/0 (op 12), but offset 3 holds value 9 (op 40): "
+                    "the acknowledged write was lost and its offset reused")
+
+
+# --- a type nobody registered --------------------------------------------------------
+
+models = st.sampled_from([*BASE_NAMES.values(), "exactly-once+write-isolation"]).map(model_named)
+unregistered = st.text(min_size=1, max_size=20).filter(lambda name: name not in ALL)
+
+
+@given(model=models, name=unregistered)
+def test_a_type_missing_from_the_registry_is_bad_under_every_model(model, name):
+    assert model.forbids(name)
+    assert name not in model.allowed
+    assert "not in the anomaly registry" in model.why(name)
+
+
+@given(model=models, name=unregistered)
+def test_the_verdict_fails_closed_on_a_type_missing_from_the_registry(model, name):
+    analysis = result.Analysis(counts={name: 1, "G0": 1}, stats={"ops": 2, "ok": 2})
+    results = verdict(analysis, model)
+    assert name in results["bad_anomaly_types"] and results["valid"] is False
+    assert "G0" in results["anomaly_types"] and ("G0" in results["bad_anomaly_types"]) == model.forbids("G0")
+
+
+# --- named models ------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, forbidden", [
+    ("exactly-once", EXACTLY_ONCE | NAMED_TXN | NAMED_TXN_LOSS),
+    ("at-least-once", READS | LOSS | NAMED_TXN | NAMED_TXN_LOSS),
+    ("at-most-once", READS | {"duplicate"} | NAMED_TXN),
+    ("best-effort", READS | NAMED_TXN),
+    ("exactly-once+write-isolation", ALL),
+])
+def test_named_models(name, forbidden):
+    model = model_named(name)
+    assert model.name == name and model.forbidden == forbidden
+    assert model.allowed == ALL - forbidden
+
+
+def test_named_models_keep_how_consumers_read_and_refuse_unknown_names():
+    assert {"poll-skip", "nonmonotonic-poll"} <= model_named("exactly-once", "subscribe").allowed
+    with pytest.raises(ValueError, match="unknown model 'exact'"):
+        model_named("exact")
+    with pytest.raises(ValueError, match="unknown promise"):
+        model_named("exactly-once+serializable")
+
+
+# --- models from settings ----------------------------------------------------------
+
+IDEMPOTENT = dict(DEFAULT_PRODUCER)  # acks=all, enable.idempotence=true
+RETRYING = {**DEFAULT_PRODUCER, "enable.idempotence": "false"}
+ACKS1 = {**RETRYING, "acks": "1"}
+ISR2 = {"min.insync.replicas": "2"}
+BASE = READS | {"duplicate"}  # at-most-once from settings: no loss promised, no duplicates
+
+
+@pytest.mark.parametrize("producer, mode, broker, nemesis, name, forbidden", [
+    # No faults: nothing fails the only in-sync replica, so min.insync.replicas=1 loses nothing.
+    (IDEMPOTENT, "assign", {}, [], "exactly-once", EXACTLY_ONCE),
+    (IDEMPOTENT, "assign", ISR2, ["kill-leader", "partition"], "exactly-once", EXACTLY_ONCE),
+    # A clock fault fails no replica.
+    (IDEMPOTENT, "assign", {}, ["clock"], "exactly-once", EXACTLY_ONCE),
+    (IDEMPOTENT, "assign", {}, ["kill"],
+     "at-most-once (min.insync.replicas=1 with faults kill: acknowledged writes may be lost)", BASE),
+    (RETRYING, "assign", {"min.insync.replicas": "1"}, ["kill-leader"],
+     "best-effort (min.insync.replicas=1 with faults kill-leader: acknowledged writes may be lost)", READS),
+    (RETRYING, "assign", ISR2, ["kill"], "at-least-once", READS | LOSS),
+    (RETRYING, "subscribe", ISR2, ["kill"], "at-least-once", (READS | LOSS) - {"poll-skip", "nonmonotonic-poll"}),
+    ({**RETRYING, "retries": "0"}, "assign", ISR2, ["kill"], "exactly-once", EXACTLY_ONCE),
+    (ACKS1, "assign", {}, ["kill"], "best-effort", READS),
+    ({**ACKS1, "retries": "0"}, "assign", {}, ["kill"], "at-most-once", BASE),
+    ({**ACKS1, "acks": "0"}, "assign", ISR2, [], "best-effort", READS),
+    # Settings that let committed records go: only the reads of values nobody sent or that failed stay bad.
+    (IDEMPOTENT, "assign", {**ISR2, "unclean.leader.election.enable": "true"}, ["kill"],
+     "at-most-once (unclean.leader.election.enable=true: acknowledged writes and committed records may be lost)",
+     {"unexpected", "G1a", "duplicate"}),
+    (IDEMPOTENT, "assign", {**ISR2, "faultline.truncation": "high-watermark"}, [],
+     "at-most-once (faultline.truncation=high-watermark: acknowledged writes and committed records may be lost)",
+     {"unexpected", "G1a", "duplicate"}),
+    (IDEMPOTENT, "assign", ISR2, ["power-loss"],
+     "at-most-once (power-loss with log.flush.interval.messages unset: acknowledged writes and committed "
+     "records may be lost)", {"unexpected", "G1a", "duplicate"}),
+    (IDEMPOTENT, "assign", {**ISR2, "log.flush.interval.messages": "1"}, ["power-loss-all"], "exactly-once",
+     EXACTLY_ONCE),
+    (ACKS1, "assign", {"unclean.leader.election.enable": "true"}, [],
+     "best-effort (unclean.leader.election.enable=true: acknowledged writes and committed records may be lost)",
+     {"unexpected", "G1a"}),
+])
+def test_model_from_settings(producer, mode, broker, nemesis, name, forbidden):
+    model = model_for_settings(producer, mode, broker, nemesis, DEFAULT_CONSUMER)
+    assert model.name == name
+    assert model.forbidden == forbidden
+
+
+def test_transactions_decide_aborted_reads_and_atomic_operations():
+    txn = {**DEFAULT_PRODUCER, "transactional.id": "t"}
+    committed = model_for_settings(txn, "assign", ISR2, [], {"isolation.level": "read_committed"})
+    assert {"G1a", "precommitted-read", "G1c", "G1c-process", "G1c-realtime"} <= committed.forbidden
+    uncommitted = model_for_settings(txn, "assign", ISR2, [], {"isolation.level": "read_uncommitted"})
+    assert {"G1a", "precommitted-read", "G1c"} <= uncommitted.allowed
+    assert "aborted transactions" in uncommitted.why("G1a")
+
+
+settings_strategy = st.fixed_dictionaries({
+    "producer": st.fixed_dictionaries({}, optional={
+        "acks": st.sampled_from(["all", "-1", "1", "0"]),
+        "enable.idempotence": st.sampled_from(["true", "false"]),
+        "retries": st.sampled_from(["0", "3", "2147483647"]),
+        "transactional.id": st.sampled_from(["", "t"]),
+    }),
+    "mode": st.sampled_from(["assign", "subscribe"]),
+    "broker": st.fixed_dictionaries({}, optional={
+        "min.insync.replicas": st.sampled_from(["1", "2", "3"]),
+        "unclean.leader.election.enable": st.sampled_from(["true", "false"]),
+        "faultline.truncation": st.sampled_from(["leader-epoch", "high-watermark"]),
+        "log.flush.interval.messages": st.sampled_from(["1", "1000"]),
+    }),
+    "nemesis": st.lists(st.sampled_from(["kill", "kill-leader", "pause", "partition", "clock", "power-loss",
+                                         "power-loss-all"]), max_size=3, unique=True),
+    "consumer": st.fixed_dictionaries({}, optional={
+        "isolation.level": st.sampled_from(["read_committed", "read_uncommitted"])}),
+})
+
+
+def derive(s):
+    return model_for_settings(s["producer"], s["mode"], s["broker"], s["nemesis"], s["consumer"])
+
+
+@given(s=settings_strategy)
+def test_every_derived_model_judges_every_type_and_says_why(s):
+    model = derive(s)
+    assert model.forbidden | model.allowed == ALL and not model.forbidden & model.allowed
+    assert {"unexpected"} <= model.forbidden, "a value nobody sent is never allowed"
+    assert "no-loss" not in model.promises or "durable-commits" in model.promises
+    assert "write-isolation" not in model.promises, "Kafka never promises write isolation"
+    base = model.name.split(" (")[0]
+    assert base == BASE_NAMES[("no-loss" in model.promises, "no-duplicates" in model.promises)]
+    text = model.explain()
+    for t in REGISTRY:
+        assert f" {t.name}: " in text
+        assert model.why(t.name)
+    for c in model.claims:
+        assert c.reasons and all(c.reasons)
+
+
+@given(s=settings_strategy, fault=st.sampled_from(["kill", "power-loss", "partition"]),
+       setting=st.sampled_from([("unclean.leader.election.enable", "true"), ("min.insync.replicas", "1"),
+                                ("faultline.truncation", "high-watermark"),
+                                ("log.flush.interval.messages", "1000")]))
+def test_a_fault_or_a_weaker_setting_never_forbids_more(s, fault, setting):
+    weaker = {**s, "nemesis": sorted(set(s["nemesis"]) | {fault}), "broker": {**s["broker"], setting[0]: setting[1]}}
+    assert derive(weaker).forbidden <= derive(s).forbidden
