@@ -43,10 +43,7 @@ def _unexpected(w):
 def _lost(w):
     head = f"value {_fmt(w, 'value')} was acknowledged at offset {_fmt(w, 'offset')} of {_fmt(w, 'key')} "
     if "read_offset" not in w and "final_assign" in w:  # the complete final log lacks it
-        there = (f"holds value {w['final_value']} there" if w.get("final_value") is not None
-                 else "holds nothing there")
-        return (head + f"({_ops([w.get('send_op')])}), but the complete final log (read from op "
-                f"{_fmt(w, 'final_assign')} to offset {_fmt(w, 'final_read_to')}) {there}: the write is gone")
+        return (head + f"({_ops([w.get('send_op')])}), but {_final_log(w)}: the write is gone")
     return (head + f"({_ops(w.get('ops'))}), and reads went past that offset (to {_fmt(w, 'read_offset')}) "
             f"without ever returning it: nobody will read it")
 
@@ -80,11 +77,21 @@ def _nonmonotonic_send(w):
             f"then its later send landed at the lower offset {_fmt(w, 'next_offset')} ({_ops(w.get('ops'))})")
 
 
-def _uncommitted(w):
+def _final_log(w) -> str:
+    """What the final log of the witness's key holds at its offset, and how it is known."""
+    end, offset, key = w.get("final_end"), w.get("offset"), _fmt(w, "key")
+    read = f"final read op {_fmt(w, 'final_assign')}"
+    if end is not None and offset is not None and offset >= end:
+        last = f"ends at offset {end - 1}" if end > 0 else "is empty"
+        return f"the final log of {key} {last} ({read}, end offset {end} from the broker)"
     final = w.get("final_value")
-    now = f"holds {final}" if final is not None else "holds nothing"
+    there = f"holds value {final} there" if final is not None else "holds nothing there"
+    return f"the final log of {key} ({read}) {there}"
+
+
+def _uncommitted(w):
     return (f"a poll ({_ops(w.get('ops'))}) read value {_fmt(w, 'value')} at offset {_fmt(w, 'offset')} of "
-            f"{_fmt(w, 'key')}, but the final log {now} there: the consumer saw data the cluster later discarded")
+            f"{_fmt(w, 'key')}, but {_final_log(w)}: the consumer saw data the cluster later discarded")
 
 
 def _aborted(w):

@@ -77,6 +77,10 @@ class DB(ABC):
     def controller(self) -> str | None:
         """The node that is the cluster's controller now."""
 
+    def in_sync_replicas(self, topic: str, partition: int) -> list[str]:
+        """The nodes in the partition's in-sync replica set now, as the cluster's metadata says."""
+        raise Unsupported(f"{type(self).__name__} cannot say which replicas are in sync")
+
     def power_off(self, node: str) -> dict:
         """Cut the node's power: what it wrote but did not fsync is lost. What was done."""
         raise Unsupported(f"{type(self).__name__} cannot cut the power of a node")

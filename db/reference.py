@@ -83,6 +83,12 @@ class ReferenceBrokerDB(DB):
         state = self._cluster_view().partition_state(topic, partition)
         return self.node_of(state["leader"]) if state else None
 
+    def in_sync_replicas(self, topic: str, partition: int) -> list[str]:
+        if not self.zookeeper_connect:
+            return list(self.remotes)
+        state = self._cluster_view().partition_state(topic, partition)
+        return sorted(n for n in (self.node_of(b) for b in (state or {}).get("isr", [])) if n is not None)
+
     def controller(self) -> str | None:
         if not self.zookeeper_connect:
             return next(iter(self.remotes))

@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from .partition import PartitionNemesis
-from .process import ClockNemesis, KillNemesis, PauseNemesis, PowerLossNemesis, RollingRestartNemesis
+from .process import (ClockNemesis, KillNemesis, PauseNemesis, PowerLossNemesis, RollingRestartNemesis,
+                      StaleElectionNemesis)
 
 KINDS = {
     "kill": "SIGKILL a random broker, then restart it",
@@ -28,6 +29,9 @@ KINDS = {
                   "restart it (its data directory is on a FUSE file system that keeps unsynced writes in memory)",
     "power-loss-majority": "cut the power of a random majority of the brokers at once, then restart them",
     "power-loss-all": "cut the power of every broker at once, then restart them",
+    "stale-election": "SIGKILL an in-sync follower of a random partition until it leaves the ISR; then SIGKILL "
+                      "the replicas still in sync and start the stale one first (only unclean leader election "
+                      "can make it leader), then the rest",
     "partition": "cut the network (isolate a broker, a leader or the controller; halves; bridge; "
                  "majorities ring) with iptables, then heal it",
 }
@@ -50,6 +54,8 @@ def build(kinds: list[str], db, nodes: list[str], keys: list[str], zookeeper_nod
             nemesis = PowerLossNemesis(db, nodes, kind.rpartition("-")[2] if kind != "power-loss" else "random")
         elif kind == "clock":
             nemesis = ClockNemesis(db, nodes)
+        elif kind == "stale-election":
+            nemesis = StaleElectionNemesis(db, nodes, keys)
         else:
             if net is None:
                 raise ValueError("the partition nemesis needs the network of the nodes (a Net)")

@@ -239,3 +239,82 @@ class RollingRestartNemesis:
             self.db.start(node)
             self.db.wait_ready(node)
         return {"nodes": restarted}
+
+class StaleElectionNemesis:
+    """The unclean-election experiment, as a fault and its repair.
+
+    `kill-follower`: SIGKILL an in-sync follower of a random partition (the stale replica) and
+    wait until the leader drops it from the ISR (replica.lag.time.max.ms); writes go on without it.
+    `elect-stale`: SIGKILL every replica still in that partition's ISR, start the stale one
+    first and give the controller `wait` seconds to elect it (only unclean leader election can:
+    its log lacks what was written meanwhile), then start the rest. With unclean election the
+    writes acknowledged while it was away are lost; without, the partition waits for an in-sync
+    replica and loses nothing. The values say which nodes, and who led afterwards."""
+
+    fs = ("kill-follower", "elect-stale")
+
+    def __init__(self, db, nodes: list[str], keys: list[str], out_of_isr_timeout: float = 60, wait: float = 15):
+        self.db = db
+        self.nodes = list(nodes)
+        self.keys = list(keys)
+        self.out_of_isr_timeout = out_of_isr_timeout
+        self.wait = wait
+        self.stale: tuple[str, str] | None = None  # (key, node)
+        self.down: list[str] = []
+
+    def invoke(self, op: Op) -> Any:
+        if op["f"] == "kill-follower":
+            return self._kill_follower(random.Random(op.get("seed", 0)))
+        if op["f"] == "elect-stale":
+            return self._elect_stale()
+        raise ValueError(f"StaleElectionNemesis cannot perform {op['f']!r}")
+
+    def _kill_follower(self, rng: random.Random) -> Any:
+        if self.stale is not None:
+            return {"nodes": [], "note": f"{self.stale[1]} is already the stale replica of {self.stale[0]}"}
+        key, leader = leader_of_random_key(self.db, self.keys, rng)
+        topic, partition = key.rpartition("/")[0], int(key.rpartition("/")[2])
+        followers = [n for n in self.db.in_sync_replicas(topic, partition) if n != leader]
+        if leader is None or not followers:
+            return {"nodes": [], "key": key, "note": f"{key} has no in-sync follower to make stale"}
+        stale = rng.choice(followers)
+        pid = self.db.kill(stale)
+        self.stale, self.down = (key, stale), [stale]
+        from ..control.wait import wait_until
+
+        wait_until(lambda: stale not in self.db.in_sync_replicas(topic, partition), self.out_of_isr_timeout,
+                   f"{stale} stayed in the ISR of {key} after it was killed")
+        return {"nodes": [stale], "key": key, "leader": leader, "signal": "SIGKILL", "pids": {stale: pid},
+                "isr": self.db.in_sync_replicas(topic, partition)}
+
+    def _elect_stale(self) -> Any:
+        if self.stale is None:
+            return {"nodes": [], "note": "no stale replica to elect"}
+        key, stale = self.stale
+        topic, partition = key.rpartition("/")[0], int(key.rpartition("/")[2])
+        in_sync = [n for n in self.db.in_sync_replicas(topic, partition) if n != stale]
+        pids = {n: self.db.kill(n) for n in in_sync}
+        self.down += in_sync
+        self.db.start(stale)
+        self.db.wait_ready(stale)
+        from ..control.wait import wait_until
+
+        try:
+            wait_until(lambda: self.db.leader(topic, partition) == stale, self.wait, "not elected")
+            elected = True
+        except TimeoutError:
+            elected = False
+        led_by = self.db.leader(topic, partition)
+        restarted = self.heal()
+        return {"nodes": in_sync, "key": key, "signal": "SIGKILL", "pids": pids, "started_first": stale,
+                "stale_elected": elected, "leader_then": led_by, "restarted": restarted["nodes"]}
+
+    def heal(self) -> Any:
+        started = []
+        for node in self.down:
+            if not self.db.running(node):
+                self.db.start(node)
+            self.db.wait_ready(node)
+            started.append(node)
+        self.down, self.stale = [], None
+        return {"nodes": started}
