@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import logging
 import queue
+import sys
 import threading
 import time
+import traceback
 from typing import Any, Callable
 
 from ..models.history import HistoryWriter
@@ -32,6 +34,18 @@ log = logging.getLogger("faultline.interpreter")
 # limit running out) change their answer with no completion to wake the loop.
 IDLE_WAIT = 0.05
 _STOP = object()
+# Seconds a client operation may run before the interpreter stops waiting for it. Every client
+# call has a timeout of its own (a send waits message.timeout.ms and a few seconds more), so an
+# operation past this is stuck in its client library: it is recorded as indeterminate, its
+# process retired, and its thread given a fresh worker, so that one stuck call cannot hold up
+# the run forever. Nemesis operations restart brokers and wait for them: they get longer.
+CLIENT_OP_TIMEOUT = 60.0
+NEMESIS_OP_TIMEOUT = 600.0
+
+
+def _stack(worker: threading.Thread) -> str:
+    frame = sys._current_frames().get(worker.ident)
+    return "".join(traceback.format_stack(frame)) if frame is not None else "(not running)"
 
 
 class HarnessError(Exception):
@@ -131,9 +145,13 @@ class Interpreter:
         self.concurrency = concurrency
         self.history = history
         self.outbox: queue.Queue = queue.Queue()
+        self.make_client = make_client
         self.workers = {t: Worker(t, make_client, self.outbox) for t in range(concurrency)}
         if nemesis is not None:
             self.workers[NEMESIS] = Worker(NEMESIS, lambda process: nemesis, self.outbox)
+        self.op_timeout = {t: CLIENT_OP_TIMEOUT for t in range(concurrency)}
+        self.op_timeout[NEMESIS] = NEMESIS_OP_TIMEOUT
+        self.abandoned: list[Worker] = []
         self.processes: dict[Any, Any] = {t: t for t in range(concurrency)}
         if nemesis is not None:
             self.processes[NEMESIS] = NEMESIS
@@ -151,7 +169,7 @@ class Interpreter:
         try:
             self._loop()
         finally:
-            for w in self.workers.values():
+            for w in [*self.workers.values(), *self.abandoned]:
                 w.inbox.put(_STOP)
             for w in self.workers.values():
                 w.join(10)
@@ -164,9 +182,14 @@ class Interpreter:
         self.started = time.monotonic()
         self.since = {t: 0.0 for t in self.workers}
 
+        running: dict[Any, tuple[float, dict]] = {}  # busy thread -> (since when, its op)
+
         def complete(item) -> None:
             nonlocal gen
             thread, op, result = item
+            if running.get(thread, (None, {}))[1].get("index") != op["index"]:
+                return  # the completion of an abandoned operation, recorded as info already
+            del running[thread]
             if isinstance(result, BaseException):
                 raise HarnessError(f"worker {thread} failed: {op['f']} by process {op['process']} (history "
                                    f"line {op['index']}) raised {type(result).__name__}: {result}") from result
@@ -184,7 +207,22 @@ class Interpreter:
                 complete(self.outbox.get(timeout=max(0.0, timeout)))
                 return True
             except queue.Empty:
+                abandon_stuck()
                 return False
+
+        def abandon_stuck() -> None:
+            now = time.monotonic()
+            for thread, (since, op) in list(running.items()):
+                if now - since < self.op_timeout[thread]:
+                    continue
+                stuck = self.workers[thread]
+                log.error("worker %s: %s by process %s (history line %d) has run %.0fs; abandoning it. Its stack:\n%s",
+                          thread, op["f"], op["process"], op["index"], now - since, _stack(stuck))
+                self.abandoned.append(stuck)
+                self.workers[thread] = Worker(thread, stuck.make_client, self.outbox)
+                self.workers[thread].start()
+                complete((thread, op, {"type": "info", "error": f"no completion within {self.op_timeout[thread]:g}s: "
+                                                                 f"the call was abandoned"}))
 
         while True:
             while True:  # completions that are already in
@@ -211,6 +249,7 @@ class Interpreter:
             fields = {k: v for k, v in op.items() if k not in ("process", "at")}
             record = self.history.append({"process": op["process"], "type": "invoke", **fields})
             free.discard(thread)
+            running[thread] = (time.monotonic(), record)
             self.phase = getattr(after, "phase", self.phase)
             gen = after.update(self._context(free), {**record, "thread": thread})
             self.workers[thread].inbox.put(record)

@@ -259,3 +259,35 @@ def test_a_time_limit_starts_when_its_threads_became_free_not_when_its_op_is_fin
         ctx = Context(now, frozenset(["nemesis"]), ("nemesis",), {"nemesis": "nemesis"}, {"nemesis": 0.0})
         op, after = gen.op(ctx)
     assert op["at"] == 8.0 and after.deadline == 10.0
+
+
+def test_an_operation_stuck_in_its_client_is_abandoned_as_indeterminate_and_the_thread_goes_on():
+    release = threading.Event()
+
+    class Stuck(FakeClient):
+        def invoke(self, op):
+            if self.process == 0:
+                release.wait(30)  # a client library call that does not return
+            return {"type": "ok", "mops": [dict(op["mops"][0], offset=self.process)]}
+
+    class Sink:
+        counts = {}
+
+        def __init__(self):
+            self.lines = []
+
+        def append(self, op):
+            self.lines.append(dict(op, index=len(self.lines), time=0))
+            return self.lines[-1]
+
+    sends = EachThread(lambda t: Seq.of([{"f": "send", "mops": [{"f": "send", "key": "t/0", "value": 10 * n + t}]}
+                                         for n in range(2)]))
+    sink = Sink()
+    interpreter = Interpreter(clients(sends), 1, lambda process: Stuck("x", process), sink)
+    interpreter.op_timeout[0] = 0.3
+    try:
+        interpreter.run()
+    finally:
+        release.set()
+    assert [(o["process"], o["type"]) for o in sink.lines] == [(0, "invoke"), (0, "info"), (1, "invoke"), (1, "ok")]
+    assert sink.lines[1]["error"] == "no completion within 0.3s: the call was abandoned"
