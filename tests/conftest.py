@@ -3,6 +3,7 @@ ZooKeeper on 127.0.0.1 (`zookeeper`, its connect string) for tests of replicated
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -14,6 +15,21 @@ import pytest
 from faultline.control.wait import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
+
+try:
+    from hypothesis import settings as _hypothesis_settings
+except ImportError:  # the property tests need it; the rest of the suite does not
+    _hypothesis_settings = None
+if _hypothesis_settings is not None:
+    # Profiles for the property tests that do not fix max_examples themselves. `ci`: enough
+    # examples to find rare histories, no deadline (a Spark analysis takes seconds), a fresh
+    # random start each run, and the blob to replay a failure (@reproduce_failure) printed with
+    # it. `dev`: quick. HYPOTHESIS_PROFILE chooses; else `ci` when the CI variable is set.
+    _hypothesis_settings.register_profile("ci", max_examples=200, deadline=None, derandomize=False,
+                                          print_blob=True)
+    _hypothesis_settings.register_profile("dev", max_examples=20, deadline=None, print_blob=True)
+    _hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE")
+                                      or ("ci" if os.environ.get("CI") else "dev"))
 
 
 def free_port() -> int:

@@ -1,0 +1,249 @@
+"""Property tests on concurrent histories (concurrent.py): operations of several processes overlap,
+sends and polls mix in txns, consumers assign or subscribe (with rebalances), processes crash,
+and the final reads are told where each log ends.
+
+- A correct history shows exactly what its concurrency explains: the chain witnesses of its
+  rebalances (each backed by a rebalance_log that took the key away), the int-send-skips of
+  interleaved sends, the precommitted-reads of txns that read their own sends (concurrent.py says
+  why each is correct for clients without transactions), every witness predicted one by one; the
+  final reads reach every key's end_offsets.
+- One injected fault per scenario shows exactly that fault's types (plus the above), with the
+  witnesses that name it.
+- The Spark and plain-Python engines agree exactly (counts, examples, stats, notes, final_reads,
+  dependencies, hubs) on every generated history.
+- Cycles: none where every operation takes effect at one moment; elsewhere G0, G1c-ww and G1c
+  cycles are legal (no write isolation, no transactions), and which of them a run allows is the
+  models' business, so only that a cycle stays within one scenario is asserted. Every dependency
+  the engines derive is a real order of effects in the simulated broker.
+
+Examples per property come from the Hypothesis profile (tests/conftest.py). The first two
+properties use the plain-Python engine (milliseconds a history); the Spark one packs many
+scenarios (own keys, own process numbers) into each history, since one Spark analysis costs
+seconds whatever its size.
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context
+
+from faultline.checker.cycles import add_cycles
+from faultline.history_analysis.reference import analyse as analyse_python
+from faultline.history_analysis.result import TYPES, Analysis
+from faultline.models.history import read_history, write_history
+
+from .concurrent import CHAIN_TYPES, FAULTS, PREDICTED, PROCESS_SPAN, Recorder, Run, generate, witness_id
+from .conftest import by_scenario
+
+SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                                       HealthCheck.function_scoped_fixture])
+# One Spark analysis costs seconds however small the history (about 5-15 s on 2 cores), so the
+# agreement property runs one example per SPARK_SHARE examples of the profile (10 under `ci`), each
+# a history of SPARK_BATCH scenarios: it checks at least as many scenarios as the profile's count.
+SPARK_SHARE = 20
+SPARK_BATCH = (20, 40)
+SPARK_EXAMPLES = max(2, settings.default.max_examples // SPARK_SHARE)
+
+
+def build(faults: list[str | None], seed: int, scale: int, atomic: float,
+          subscribe: float) -> tuple[Recorder, list[Run]]:
+    """One history of len(faults) scenarios one after another, each its own shape drawn from the seed:
+    1 to scale + 1 workers running 5 * scale to 20 * scale operations, all effects of each operation
+    at one moment with probability `atomic`. Hypothesis shrinks `scale` (smaller histories), the
+    faults and the probabilities, and replays a seed exactly."""
+    rnd = random.Random(seed)
+    rec = Recorder()
+    runs = [generate(rec, f"c{i}", rnd, fault, i * PROCESS_SPAN, concurrency=rnd.randint(1, scale + 1),
+                     ops=rnd.randint(5 * scale, 20 * scale), atomic=rnd.random() < atomic, subscribe=subscribe)
+            for i, fault in enumerate(faults)]
+    return rec, runs
+
+
+def write(rec: Recorder, directory: str) -> Path:
+    path = Path(directory) / "history.jsonl"
+    write_history(path, rec.lines)
+    read_history(path)  # the generator writes valid histories
+    return path
+
+
+def judge(analysis: Analysis, rec: Recorder, runs: list[Run]) -> None:
+    """What every property asserts of an analysis of a generated history."""
+    assert analysis.stats == rec.expected_stats()
+    assert not any(n.startswith("uncommitted-read not judged") for n in analysis.notes), analysis.notes
+    assert set(analysis.counts) <= set(TYPES)
+    found = by_scenario(analysis.examples)
+    lines = rec.lines
+    owner = {r.name: r for r in runs}
+    finals = {f["key"]: f for f in analysis.final_reads}
+    for run in runs:
+        got = found.get(run.name, {})
+        what = (run.fault, run.injected, run.detail)
+        if currently_in_test_context():  # what the examples covered (--hypothesis-show-statistics)
+            event(f"fault {run.fault} {'injected' if run.injected else 'not injected'}")
+            for kind, ws in run.witnesses.items():
+                for cause in set(ws.values()):
+                    event(f"{kind} from {cause}")
+        assert set(got) == run.expected, (what, {t: ws[:3] for t, ws in got.items()})
+        for kind in PREDICTED:
+            predicted = run.witnesses.get(kind, {})
+            assert {witness_id(kind, w) for w in got.get(kind, [])} == set(predicted), (kind, what)
+            for wid, cause in predicted.items():
+                assert cause != "unexplained", (kind, wid, what)
+                if cause == "rebalance":
+                    explained_by_rebalance(lines, kind, wid)
+        fault_witnesses(run, got)
+        # The final reads reach every key's end, but for a lost record at the end of its key: the
+        # readers step over it, short of the end the broker gave (the verdict is unknown there).
+        for k in run.keys:
+            end, _ = run.final_logs[k]
+            f = finals[k]
+            short = run.fault == "lost" and run.injected and (k, end - 1) == (run.detail["key"], run.detail["offset"])
+            assert f["assign"] is not None and f["end"] == end, (k, f, what)
+            assert f["complete"] == (not short) and f["read_to"] == end - short, (k, f, what)
+    # Cycles belong to the scenario whose keys their steps name; none where operations are atomic.
+    cycles = add_cycles(Analysis(dependencies=analysis.dependencies, hubs=analysis.hubs), limit=100_000)
+    for kind, witnesses in cycles.examples.items():
+        if kind in TYPES:
+            continue
+        for w in witnesses:
+            names = {s["key"].split("-t/")[0] for s in w["steps"] if s["key"]}
+            assert len(names) == 1, (kind, w)
+            assert not owner[names.pop()].atomic, (kind, w)
+    # Every dependency is a real order of effects.
+    for src, dst, kind, key in analysis.dependencies:
+        effects = owner[key.split("-t/")[0]].effects
+        assert src in effects and dst in effects, (src, dst, kind, key)
+        before = effects[src].first_append[key]
+        after = effects[dst].first_append[key] if kind == "ww" else effects[dst].last_read[key]
+        assert before < after, (src, dst, kind, key)
+
+
+def explained_by_rebalance(lines: list[dict], kind: str, wid: tuple) -> None:
+    """A rebalance moved the key away from the process between the records (rebalance_log)."""
+    if kind in CHAIN_TYPES:
+        process, key, _, _, (first, last) = wid
+    else:
+        process, key, op, _, _ = wid
+        first = last = op
+    assert any(line["process"] == process and line["type"] != "invoke"
+               and any(key not in e["keys"] for e in line.get("rebalance_log") or [])
+               for line in lines[first:last + 1]), (kind, wid)
+
+
+def fault_witnesses(run: Run, got: dict) -> None:
+    d = run.detail
+    if not run.injected:
+        return
+    if run.fault == "duplicate":
+        [w] = got["duplicate"]
+        assert (w["key"], w["value"], len(w["offsets"])) == (d["key"], d["value"], 2)
+    elif run.fault == "unexpected":
+        [w] = got["unexpected"]
+        assert (w["key"], w["value"]) == (d["key"], d["value"])
+    elif run.fault == "aborted":
+        assert sorted((w["key"], w["value"]) for w in got["G1a"]) == sorted(set(map(tuple, d["values"])))
+    elif run.fault == "lost":
+        [w] = got["unseen"]
+        assert (w["key"], w["values"], w["offsets"]) == (d["key"], [d["value"]], [d["offset"]])
+        for w in got.get("lost-write", []):
+            assert (w["key"], w["value"], w["offset"]) == (d["key"], d["value"], d["offset"])
+    elif run.fault == "truncated":
+        [w] = got["lost-write"]
+        assert (w["key"], w["value"], w["offset"], w["final_value"]) == (d["key"], d["value"], d["offset"], None)
+        assert w["final_end"] == w["final_read_to"] == d["offset"]
+        if d["read"]:
+            [u] = got["uncommitted-read"]
+            assert (u["key"], u["offset"], u["value"]) == (d["key"], d["offset"], d["value"])
+        else:
+            [u] = got["unseen"]
+            assert (u["key"], u["values"]) == (d["key"], [d["value"]])
+    elif run.fault == "inconsistent":
+        [w] = got["inconsistent-offsets"]
+        assert (w["key"], w["offset"], w["values"]) == (d["key"], d["offset"], d["values"])
+    elif run.fault == "int-send-reorder":
+        [w] = got["int-nonmonotonic-send"]
+        assert (w["key"], w["prev_offset"], w["next_offset"]) == (d["key"], *d["offsets"])
+
+
+def analyse_both_ways(spark, path: Path) -> Analysis:
+    from faultline.history_analysis.anomalies import analyse
+
+    analysis = analyse(spark, str(path), limit=100_000)
+    oracle = analyse_python(path, limit=100_000)
+    assert analysis.counts == oracle.counts
+    for kind in set(analysis.examples) | set(oracle.examples):
+        assert analysis.examples.get(kind) == oracle.examples.get(kind), kind
+    assert analysis.stats == oracle.stats
+    assert analysis.notes == oracle.notes
+    assert analysis.final_reads == oracle.final_reads
+    assert analysis.dependencies == oracle.dependencies
+    assert analysis.hubs == oracle.hubs
+    return analysis
+
+
+shape = dict(seed=st.integers(0, 2**32 - 1), scale=st.integers(1, 4), atomic=st.sampled_from([0.0, 0.5, 1.0]),
+             subscribe=st.sampled_from([0.0, 0.3, 0.8]))
+
+
+@settings(**SETTINGS)
+@given(scenarios=st.integers(1, 3), **shape)
+def test_a_correct_concurrent_history_shows_only_what_concurrency_explains(scenarios, seed, scale, atomic,
+                                                                           subscribe):
+    rec, runs = build([None] * scenarios, seed, scale, atomic, subscribe)
+    with tempfile.TemporaryDirectory() as tmp:
+        judge(analyse_python(write(rec, tmp), limit=100_000), rec, runs)
+
+
+@settings(**SETTINGS)
+@given(faults=st.lists(st.sampled_from(FAULTS[1:]), min_size=1, max_size=4), **shape)
+def test_one_fault_in_a_concurrent_history_shows_exactly_its_anomalies(faults, seed, scale, atomic,
+                                                                       subscribe):
+    rec, runs = build(faults, seed, scale, atomic, subscribe)
+    with tempfile.TemporaryDirectory() as tmp:
+        judge(analyse_python(write(rec, tmp), limit=100_000), rec, runs)
+
+
+@settings(max_examples=SPARK_EXAMPLES, **SETTINGS)
+@given(faults=st.lists(st.sampled_from(FAULTS), min_size=SPARK_BATCH[0], max_size=SPARK_BATCH[1]), **shape)
+def test_the_engines_agree_on_concurrent_histories(spark, faults, seed, scale, atomic, subscribe):
+    rec, runs = build(faults, seed, scale, atomic, subscribe)
+    with tempfile.TemporaryDirectory() as tmp:
+        judge(analyse_both_ways(spark, write(rec, tmp)), rec, runs)
+
+
+# --- found while building these properties: reported, not fixed here ------------------
+
+STARTED_ABOVE = [
+    {"index": 0, "time": 10, "process": 0, "type": "invoke", "f": "send",
+     "mops": [{"f": "send", "key": "t/0", "value": 1}]},
+    {"index": 1, "time": 20, "process": 0, "type": "ok", "f": "send",
+     "mops": [{"f": "send", "key": "t/0", "value": 1, "offset": 0}]},
+    # No seek_to_beginning: the consumer may start anywhere, here at the log end (offset 1).
+    {"index": 2, "time": 30, "process": 1, "type": "invoke", "f": "assign", "keys": ["t/0"]},
+    {"index": 3, "time": 40, "process": 1, "type": "ok", "f": "assign", "keys": ["t/0"]},
+    {"index": 4, "time": 50, "process": 0, "type": "invoke", "f": "send",
+     "mops": [{"f": "send", "key": "t/0", "value": 2}]},
+    {"index": 5, "time": 60, "process": 0, "type": "ok", "f": "send",
+     "mops": [{"f": "send", "key": "t/0", "value": 2, "offset": 1}]},
+    {"index": 6, "time": 70, "process": 1, "type": "invoke", "f": "poll", "mops": [{"f": "poll"}]},
+    {"index": 7, "time": 80, "process": 1, "type": "ok", "f": "poll",
+     "mops": [{"f": "poll", "records": [{"key": "t/0", "offset": 1, "value": 2}]}]},
+]
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "reported: lost-write's first rule (a committed value no poll returned while 'some ok poll returned an "
+    "offset > o', anomalies.py/reference.py) counts a consumer that started above o (an assign without "
+    "seek_to_beginning, at the log end) as one that passed o; with final reads cut short a correct run is "
+    "then invalid instead of unknown"))
+def test_a_consumer_that_started_above_an_unread_value_does_not_make_it_lost(tmp_path):
+    path = tmp_path / "history.jsonl"
+    write_history(path, STARTED_ABOVE)
+    # Value 1 is unread (unseen), not lost: a reader from the beginning would still return it.
+    assert set(analyse_python(path, limit=100).counts) == {"unseen"}
