@@ -21,6 +21,8 @@ ALL = frozenset(registry.names())
 READS = {"unexpected", "G1a", "inconsistent-offsets", "uncommitted-read", "int-poll-skip",
          "int-nonmonotonic-poll", "poll-skip", "nonmonotonic-poll"}
 LOSS = {"lost-write", "unseen", "reused-offset", "nonmonotonic-send"}
+# What a rebalance explains under subscribe: a move between polls, or between two poll() calls of one operation.
+REBALANCED = {"poll-skip", "nonmonotonic-poll", "int-poll-skip", "int-nonmonotonic-poll"}
 EXACTLY_ONCE = READS | LOSS | {"duplicate", "int-nonmonotonic-send"}
 # What the cycle search and the transactions promise add for a named model.
 NAMED_TXN = {"precommitted-read"}
@@ -109,7 +111,7 @@ def test_named_models(name, forbidden):
 
 
 def test_named_models_keep_how_consumers_read_and_refuse_unknown_names():
-    assert {"poll-skip", "nonmonotonic-poll"} <= model_named("exactly-once", "subscribe").allowed
+    assert REBALANCED <= model_named("exactly-once", "subscribe").allowed
     with pytest.raises(ValueError, match="unknown model 'exact'"):
         model_named("exact")
     with pytest.raises(ValueError, match="unknown promise"):
@@ -136,7 +138,7 @@ BASE = READS | {"duplicate"}  # at-most-once from settings: no loss promised, no
     (RETRYING, "assign", {"min.insync.replicas": "1"}, ["kill-leader"],
      "best-effort (min.insync.replicas=1 with faults kill-leader: acknowledged writes may be lost)", READS),
     (RETRYING, "assign", ISR2, ["kill"], "at-least-once", READS | LOSS),
-    (RETRYING, "subscribe", ISR2, ["kill"], "at-least-once", (READS | LOSS) - {"poll-skip", "nonmonotonic-poll"}),
+    (RETRYING, "subscribe", ISR2, ["kill"], "at-least-once", (READS | LOSS) - REBALANCED),
     ({**RETRYING, "retries": "0"}, "assign", ISR2, ["kill"], "exactly-once", EXACTLY_ONCE),
     (ACKS1, "assign", {}, ["kill"], "best-effort", READS),
     ({**ACKS1, "retries": "0"}, "assign", {}, ["kill"], "at-most-once", BASE),
