@@ -12,8 +12,16 @@ Out: an `Analysis`:
   text (deterministic);
 - `stats`: {"ops", "ok", "fail", "info"} over client operations only (the
   nemesis is not counted): `ops` operations invoked, and how they ended (an
-  operation the history never completed counts as `info`);
-- `notes`: what was tolerated or could not be judged.
+  operation the history never completed counts as `info`); `by_f` (when
+  there is a client operation): f -> {"invoked", "ok"}, the same counts per
+  f; `heal_errors` (when there is one): [{"op" (the invocation's index),
+  "error"}] for each `heal` of the nemesis whose completion line carries an
+  error, in history order;
+- `notes`: what was tolerated or could not be judged;
+- `dependencies`, `hubs`: see result.DEPENDENCIES;
+- `final_reads`: per key, sorted by key, its final log (result.FINAL_READS):
+  {key, assign, end, read_to, known_end, complete}, for every key with a
+  final chain or any evidence in its log.
 With `full_dir`, every witness of every type computed here is written to
 `full_dir/<type>.jsonl`, one JSON object a line, in the same order (an empty
 file for a type not found, so a re-check never leaves stale witnesses).
@@ -22,15 +30,23 @@ Witnesses are data; `faultline.checker.explain` renders them. In every
 witness, `ops` are history indices of the *completion* lines of the
 operations that prove it (the invocation line for an operation the history
 ends before completing), and `process` is an integer. Fields per type:
-- lost-write: key, value, offset (acknowledged), send_op, read_op (the
-  earliest `ok` poll that returned an offset of key above `offset`),
-  read_offset (the lowest such offset read_op returned), ops = [send_op, read_op];
+- lost-write, when reads passed it: key, value, offset (acknowledged),
+  send_op, read_op (the earliest `ok` poll that returned an offset of key
+  above `offset`), read_offset (the lowest such offset read_op returned),
+  ops = [send_op, read_op];
+  when the final log lacks it: key, value, offset, send_op, final_value
+  (what the final log holds at offset, null: nothing), final_assign,
+  final_end, final_read_to, ops = [send_op, final_assign];
 - unseen (one witness per key): key, count, values, offsets, ops (the
   earliest few unseen sends of that key: values[i] at offsets[i] by ops[i]);
 - duplicate: key, value, offsets, ops (ops[i] is the first op showing value
   at offsets[i]);
-- inconsistent-offsets: key, offset, values, ops (ops[i] is the first op
-  showing values[i] at offset);
+- inconsistent-offsets: key, offset, values, ops (ops[i] is the first poll
+  that returned values[i] at offset);
+- reused-offset (one per key, offset and acknowledged value): key, offset,
+  value, send_op (its first ok send acknowledged there), other_value,
+  other_op (the earliest other value at offset, by the first poll that
+  returned it, or else its first acknowledgement), ops = [send_op, other_op];
 - unexpected (one per key and value): key, value, offset (where the first
   poll returned it), offsets, reads (number of polls that returned it),
   ops (the first 16 of them);
@@ -44,8 +60,10 @@ ends before completing), and `process` is an integer. Fields per type:
   value, final_value (null: the final log
   holds nothing there), final_op (the final-chain poll that read the
   offset, null when none did), final_assign (the assign that began the
-  final chain), ops = [the first poll that read value at offset, final_op
-  or final_assign].
+  final chain), final_end (where the broker said the log ends, null when
+  the history does not say), final_read_to (one past the highest offset
+  the final chain read), ops = [the first poll that read value at offset,
+  final_op or final_assign].
 
 Definitions (shared/anomalies.md, made precise):
 - the log of a key: (offset, value) from records of polls of any completion
@@ -53,11 +71,16 @@ Definitions (shared/anomalies.md, made precise):
 - committed: values of `ok` sends and txns; and all values of an `info` one
   when any of its values was returned by any poll (then it took effect);
 - lost-write: a committed value with a known offset o that no poll returned,
-  while some `ok` poll returned an offset > o of its key;
+  while some `ok` poll returned an offset > o of its key; or else (once per
+  key and value, at its first send) one that the final log of its key,
+  complete and with a known end, does not hold at o;
 - unseen: values of `ok` sends that no `ok` poll returned;
 - duplicate: a value at two or more offsets of a key; inconsistent-offsets:
-  an offset of a key with two or more values; unexpected: a value a poll
-  returned that no send (of any outcome, invocations included) sent to that key;
+  an offset of a key at which polls returned two or more values;
+  reused-offset: a value acknowledged at an offset where no poll returned
+  it, while the log holds another value there (read or acknowledged);
+  unexpected: a value a poll returned that no send (of any outcome,
+  invocations included) sent to that key;
 - poll-skip / nonmonotonic-poll: consecutive polls (of any outcome: the
   records a poll returned moved the consumer past them) of one process that
   returned records of a key, with no assign/subscribe (of any outcome) of
@@ -65,13 +88,15 @@ Definitions (shared/anomalies.md, made precise):
   the later: nonmonotonic if b <= a, skip if the log holds an offset in (a, b);
 - nonmonotonic-send: consecutive `ok` sends of one process to a key with
   offsets: the later one's first offset is below the earlier one's last;
-- uncommitted-read: the final log of a key is what the last chain that read
-  it from the beginning returned (an `ok` assign with seek_to_beginning of a
-  process, then that process's polls, of any outcome, up to its next
-  assign/subscribe);
-  an `ok` poll's (offset, value) is uncommitted when the final log holds
-  other values there, or nothing while it holds a higher offset. A key with
-  no such chain cannot be judged (a note says so).
+- the final log of a key (result.FINAL_READS): what its final chain returned
+  (the last `ok` assign with seek_to_beginning naming it, then that
+  process's later polls of it, of any outcome), its end (the latest `ok`
+  `end_offsets` entry for it), and whether it is complete;
+- uncommitted-read: an `ok` poll's (offset, value) is uncommitted when the
+  final log holds other values there, or nothing while the final chain read
+  a higher offset, or nothing at or beyond the end of a complete final log.
+  A key that an `ok` poll read and no final chain read cannot be judged (a
+  note says so).
 Within one operation, records are in the order returned (mops, then records).
 """
 
@@ -87,14 +112,18 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from .load import History, file_size, load_history
-from .result import SKIPPED_SHOWN, TYPES, UNEXPECTED_OPS, UNJUDGED_SHOWN, UNSEEN_VALUES, Analysis, unjudged_note
+from .result import SKIPPED_SHOWN, TYPES, UNEXPECTED_OPS, UNSEEN_VALUES, Analysis, unjudged_note
 from .session import sized_for
 
 __all__ = ["TYPES", "Analysis", "analyse"]
 
-# Keys whose reads no final chain covers travel with the witnesses under this
-# internal type, so one Spark job yields everything.
-_UNJUDGED = "_unjudged"
+# Small summaries travel with the witnesses under internal types (every row
+# kept), so one Spark job yields everything: each key's final log, and the
+# operation counts by f and the failed heals of the stats.
+_FINAL = "_final"
+_BY_F = "_by_f"
+_HEAL = "_heal"
+_INTERNAL = (_FINAL, _BY_F, _HEAL)
 
 
 def _events(history: History) -> DataFrame:
@@ -102,33 +131,39 @@ def _events(history: History) -> DataFrame:
 
     kind 'r': a record a poll returned; 's': a send micro-operation (of any
     outcome; offset as acknowledged, if any); 'a': an `ok` assign with
-    seek_to_beginning naming the key. Columns: key, kind, op, process, assignment,
-    type (of the operation), offset, value, pos (order within the operation),
-    mixed (the operation both sends and polls).
+    seek_to_beginning naming the key; 'e': an `ok` operation's `end_offsets`
+    entry for the key (offset: where the broker said its log ends). Columns:
+    key, kind, op, process, assignment, type (of the operation), completed,
+    offset, value, pos (order within the operation), mixed (the operation
+    both sends and polls).
     Every anomaly below is a per-key question, so after this one shuffle the
     queries run with windows and aggregates inside the partitions: no
     further exchange (Spark accepts a key partitioning for any grouping that
     includes the key).
     """
     ops = history.operations.filter("process != 'nemesis'")
-    per_mop = ops.selectExpr("op", "process", "assignment", "type",
+    per_mop = ops.selectExpr("op", "process", "assignment", "type", "completed",
                              "exists(mops, m -> m.f = 'send') AND exists(mops, m -> m.f = 'poll') AS mixed",
                              "posexplode(mops) AS (mpos, mop)")
-    mop_events = per_mop.selectExpr("op", "process", "assignment", "type", "mixed", """explode(CASE WHEN mop.f = 'poll'
+    mop_events = per_mop.selectExpr("op", "process", "assignment", "type", "completed", "mixed", """explode(
+        CASE WHEN mop.f = 'poll'
         THEN transform(coalesce(mop.records, array()), (r, i) -> named_struct(
             'key', r.key, 'kind', 'r', 'offset', r.offset, 'value', r.value,
             'pos', CAST(mpos AS LONG) * 4294967296 + i))
         ELSE array(named_struct('key', mop.key, 'kind', 's', 'offset', mop.offset, 'value', mop.value,
             'pos', CAST(mpos AS LONG)))
         END) AS e""").selectExpr("e.key AS key", "e.kind AS kind", "op", "process", "assignment", "type",
-                                 "e.offset AS offset", "e.value AS value", "e.pos AS pos", "mixed")
+                                 "completed", "e.offset AS offset", "e.value AS value", "e.pos AS pos", "mixed")
+    rest = ["op", "process", "assignment", "type", "completed", "CAST(0 AS LONG) AS pos", "false AS mixed"]
     seeks = (ops.filter("type = 'ok' AND f = 'assign' AND seek_to_beginning")
-             .selectExpr("explode(array_distinct(keys)) AS key", "'a' AS kind", "op", "process", "assignment", "type",
-                         "CAST(NULL AS LONG) AS offset", "CAST(NULL AS LONG) AS value", "CAST(0 AS LONG) AS pos",
-                         "false AS mixed"))
+             .selectExpr("explode(array_distinct(keys)) AS key", "'a' AS kind", "CAST(NULL AS LONG) AS offset",
+                         "CAST(NULL AS LONG) AS value", *rest))
+    ends = (ops.filter("type = 'ok' AND end_offsets IS NOT NULL")
+            .selectExpr("explode(end_offsets) AS (key, offset)", "'e' AS kind", "CAST(NULL AS LONG) AS value", *rest))
     # Persisted, so that every query reads the one shuffle (their column
     # pruning differs, which would otherwise give each its own exchange).
-    return mop_events.unionByName(seeks).repartition("key").persist(StorageLevel.MEMORY_AND_DISK)
+    return (mop_events.unionByName(seeks).unionByName(ends).repartition("key")
+            .persist(StorageLevel.MEMORY_AND_DISK))
 
 
 # The log of a key: what polls of any outcome returned, and acknowledged offsets.
@@ -181,19 +216,37 @@ def _precommitted_read(events: DataFrame) -> DataFrame:
 
 
 def _duplicate_and_inconsistent(events: DataFrame) -> list[DataFrame]:
-    # One row per fact "offset o of key k held value v", with the first op showing it.
-    facts = events.filter(_LOG).groupBy("key", "offset", "value").agg(F.min("op").alias("op"))
+    """duplicate, inconsistent-offsets (polls returned two values at one offset) and reused-offset
+    (an offset acknowledged for a value that no poll returned there holds another value)."""
+    # One row per fact "offset o of key k held value v", with the first op showing it, the first
+    # poll that returned it and the first ok send acknowledged with it.
+    facts = (events.filter(_LOG).groupBy("key", "offset", "value")
+             .agg(F.min("op").alias("op"), F.min(F.when(F.col("kind") == "r", F.col("op"))).alias("read_op"),
+                  F.min(F.when(F.col("kind") == "s", F.col("op"))).alias("send_op")))
     dup = (facts.groupBy("key", "value")
            .agg(F.count(F.lit(1)).alias("n"), F.array_sort(F.collect_list(F.struct("offset", "op"))).alias("e"))
            .filter("n >= 2"))
-    inc = (facts.groupBy("key", "offset")
-           .agg(F.count(F.lit(1)).alias("n"), F.array_sort(F.collect_list(F.struct("value", "op"))).alias("e"))
+    inc = (facts.filter("read_op IS NOT NULL").groupBy("key", "offset")
+           .agg(F.count(F.lit(1)).alias("n"),
+                F.array_sort(F.collect_list(F.struct("value", F.col("read_op").alias("op")))).alias("e"))
            .filter("n >= 2"))
+    # What else the offset holds, each value named by the first poll that returned it, or else by
+    # its first acknowledgement; the earliest of those other than the acknowledged value itself.
+    reused = (facts.selectExpr("*", "array_sort(collect_list(struct(coalesce(read_op, send_op) AS op, value)) "
+                                    "OVER (PARTITION BY key, offset)) AS there")
+              .filter("send_op IS NOT NULL AND read_op IS NULL")
+              .selectExpr("*", "filter(there, x -> x.value != value) AS others")
+              .filter("size(others) > 0")
+              .selectExpr("*", "others[0] AS other"))
     return [
         _witness("duplicate", dup, "'key', key, 'value', value, 'offsets', e.offset, 'ops', e.op",
                  "array_min(e.op)", "value"),
         _witness("inconsistent-offsets", inc, "'key', key, 'offset', offset, 'values', e.value, 'ops', e.op",
                  "array_min(e.op)", "offset"),
+        _witness("reused-offset", reused,
+                 "'key', key, 'offset', offset, 'value', value, 'send_op', send_op, 'other_value', other.value, "
+                 "'other_op', other.op, 'ops', array(send_op, other.op)",
+                 "least(send_op, other.op)", "offset"),
     ]
 
 
@@ -210,15 +263,62 @@ def _unexpected(flags: DataFrame) -> DataFrame:
         "all_ops[0]", "value")
 
 
-def _lost_write(flags: DataFrame) -> DataFrame:
+def _final_logs(events: DataFrame) -> DataFrame:
+    """Every event with its key's final log (result.FINAL_READS) alongside.
+
+    Per key: `start` (op, process) of the last ok assign with seek_to_beginning naming it;
+    `final_end` (the latest ok `end_offsets` entry for it, null if none); `known_end` (one past
+    the highest offset the log holds, 0 if none); `read_to` (one past the highest offset the
+    final chain read, 0 if none); `complete`. Per key and offset: `fvalues` (the values the
+    final chain read there) and `ffirst` (the first such read, (op, value)). `final`: the row is a
+    record of the final chain.
+    """
+    per_key = "OVER (PARTITION BY key)"
+    per_offset = "OVER (PARTITION BY key, offset)"
+    return (
+        events.selectExpr(
+            "*", f"max(CASE WHEN kind = 'a' THEN struct(op, process) END) {per_key} AS start",
+            f"max(CASE WHEN kind = 'e' THEN struct(op, offset) END) {per_key} AS end_at",
+            f"max(CASE WHEN {_LOG} THEN offset END) {per_key} AS known")
+        .selectExpr("*", "coalesce(kind = 'r' AND process = start.process AND op > start.op, false) AS final")
+        .selectExpr("*", f"coalesce(max(CASE WHEN final THEN offset + 1 END) {per_key}, 0) AS read_to",
+                    f"collect_set(CASE WHEN final THEN value END) {per_offset} AS fvalues",
+                    f"min(CASE WHEN final THEN struct(op, value) END) {per_offset} AS ffirst",
+                    "end_at.offset AS final_end", "coalesce(known, -1) + 1 AS known_end")
+        .selectExpr("*", "start IS NOT NULL AND read_to >= coalesce(final_end, known_end) AS complete")
+    )
+
+
+def _final_summaries(finals: DataFrame) -> DataFrame:
+    """One internal row per key with a final chain or any evidence in its log: what the final
+    reads showed (`Analysis.final_reads`), and whether an ok poll read the key (for the note on
+    keys uncommitted-read cannot judge)."""
+    rows = (finals.groupBy("key")
+            .agg(F.max("start").alias("start"), F.max("final_end").alias("final_end"),
+                 F.max("read_to").alias("read_to"), F.max("known_end").alias("known_end"),
+                 F.max("known").alias("known"), F.max("complete").alias("complete"),
+                 F.max(F.expr("kind = 'r' AND type = 'ok'")).alias("ok_read"))
+            .filter("start IS NOT NULL OR known IS NOT NULL"))
+    return rows.selectExpr(
+        f"'{_FINAL}' AS type", "CAST(0 AS LONG) AS s1", "key AS s2", "CAST(0 AS LONG) AS s3",
+        "CAST(1 AS LONG) AS weight",
+        "to_json(named_struct('key', key, 'assign', start.op, 'end', final_end, 'read_to', read_to, "
+        "'known_end', known_end, 'complete', complete, 'ok_read', ok_read), map('ignoreNullFields', 'false')) "
+        "AS json")
+
+
+def _lost_write(finals: DataFrame, flags: DataFrame) -> list[DataFrame]:
+    """lost-write: a committed write some ok poll passed without returning it (first rule), or
+    one the complete final log, whose end is known, does not hold at its offset (second rule)."""
     # An info operation took effect if any of its values was read; that is a
     # question across keys, answered by a (small) table of operations that
     # is broadcast, so the key partitioning stays.
     took_effect = (flags.filter("kind = 's' AND type = 'info' AND was_read").select("op").distinct()
                    .withColumn("took_effect", F.lit(True)))
     rows = (
-        flags.filter("(kind = 'r' AND type = 'ok') OR (kind = 's' AND offset IS NOT NULL AND NOT was_read "
-                     "AND type IN ('ok', 'info'))")
+        finals.filter("kind IN ('r', 's')")
+        .selectExpr("*", "max(kind = 'r') OVER (PARTITION BY key, value) AS was_read")
+        .filter("(kind = 'r' AND type = 'ok') OR (kind = 's' AND offset IS NOT NULL AND type IN ('ok', 'info'))")
         .join(F.broadcast(took_effect), "op", "left")
         .filter("kind = 'r' OR type = 'ok' OR took_effect")
         # Descending by offset, a send before the reads at its own offset
@@ -227,13 +327,25 @@ def _lost_write(flags: DataFrame) -> DataFrame:
         .selectExpr("*", """min(CASE WHEN kind = 'r' THEN struct(op, offset) END) OVER (
             PARTITION BY key ORDER BY offset DESC, kind DESC ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
             AS passed""")
-        .filter("kind = 's' AND passed IS NOT NULL")
+        .selectExpr("*", "kind = 's' AND NOT was_read AND passed IS NOT NULL AS passed_over")
+        .selectExpr("*", "max(passed_over) OVER (PARTITION BY key, value) AS flagged")
     )
-    return _witness(
-        "lost-write", rows,
-        "'key', key, 'value', value, 'offset', offset, 'send_op', op, 'read_op', passed.op, "
-        "'read_offset', passed.offset, 'ops', array(op, passed.op)",
-        "least(op, passed.op)", "offset")
+    # The second rule names each value once: at its first send, in history order.
+    missing = (rows.filter("kind = 's' AND NOT flagged AND complete AND final_end IS NOT NULL "
+                           "AND NOT array_contains(fvalues, value)")
+               .selectExpr("*", "row_number() OVER (PARTITION BY key, value ORDER BY NOT completed, op, pos) AS nth")
+               .filter("nth = 1"))
+    return [
+        _witness("lost-write", rows.filter("passed_over"),
+                 "'key', key, 'value', value, 'offset', offset, 'send_op', op, 'read_op', passed.op, "
+                 "'read_offset', passed.offset, 'ops', array(op, passed.op)",
+                 "least(op, passed.op)", "offset"),
+        _witness("lost-write", missing,
+                 "'key', key, 'value', value, 'offset', offset, 'send_op', op, 'final_value', ffirst.value, "
+                 "'final_assign', start.op, 'final_end', final_end, 'final_read_to', read_to, "
+                 "'ops', array(op, start.op)",
+                 "least(op, start.op)", "offset"),
+    ]
 
 
 def _unseen(flags: DataFrame) -> DataFrame:
@@ -319,37 +431,40 @@ def _polls(events: DataFrame, persisted: list[DataFrame]) -> list[DataFrame]:
     ]
 
 
-def _uncommitted_read(events: DataFrame) -> list[DataFrame]:
-    """uncommitted-read witnesses, and (as internal rows) the keys no final chain covers."""
+def _uncommitted_read(finals: DataFrame) -> DataFrame:
+    """uncommitted-read: an ok poll's (offset, value) that the final log does not hold."""
     # The final chain takes a poll's records whatever its outcome (a poll that
     # reported an error may still have returned records, and the consumer's
     # position moved past them); only `ok` polls are judged against it.
-    reads = (
-        events.filter("kind IN ('a', 'r')")
-        # The last assign with seek_to_beginning naming the key begins its final chain.
-        .selectExpr("*", "max(CASE WHEN kind = 'a' THEN struct(op, process, assignment) END) "
-                         "OVER (PARTITION BY key) AS start")
-        .filter("kind = 'r'")
-        .selectExpr("*", "start IS NOT NULL AND process = start.process AND assignment = start.assignment AS final")
-        .selectExpr("*", "max(CASE WHEN final THEN offset END) OVER (PARTITION BY key) AS top",
-                    "collect_set(CASE WHEN final THEN value END) OVER (PARTITION BY key, offset) AS fvalues",
-                    "min(CASE WHEN final THEN struct(op, value) END) OVER (PARTITION BY key, offset) AS ffirst")
-    )
-    ok_reads = reads.filter("type = 'ok'")
-    rows = (ok_reads.groupBy("key", "offset", "value")
-            .agg(F.min("op").alias("op"), F.first("fvalues").alias("fvalues"), F.first("ffirst").alias("ffirst"),
-                 F.first("top").alias("top"), F.first("start").alias("start"))
-            .filter("top IS NOT NULL AND ((size(fvalues) > 0 AND NOT array_contains(fvalues, value)) "
-                    "OR (size(fvalues) = 0 AND top > offset))"))
-    unjudged = (ok_reads.groupBy("key").agg(F.max("top").alias("top")).filter("top IS NULL")
-                .selectExpr(f"'{_UNJUDGED}' AS type", "CAST(0 AS LONG) AS s1", "key AS s2",
-                            "CAST(0 AS LONG) AS s3", "CAST(1 AS LONG) AS weight", "key AS json"))
+    rows = (finals.filter("kind = 'r' AND type = 'ok'")
+            .groupBy("key", "offset", "value")
+            .agg(F.min("op").alias("op"), *[F.first(c).alias(c) for c in (
+                "fvalues", "ffirst", "start", "final_end", "read_to", "complete")])
+            .filter("start IS NOT NULL AND read_to > 0 AND ((size(fvalues) > 0 AND NOT array_contains(fvalues, value)) "
+                    "OR (size(fvalues) = 0 AND (read_to > offset "
+                    "OR (final_end IS NOT NULL AND complete AND offset >= final_end))))"))
+    return _witness(
+        "uncommitted-read", rows,
+        "'key', key, 'offset', offset, 'value', value, 'final_value', ffirst.value, 'final_op', ffirst.op, "
+        "'final_assign', start.op, 'final_end', final_end, 'final_read_to', read_to, "
+        "'ops', array(op, coalesce(ffirst.op, start.op))",
+        "least(op, coalesce(ffirst.op, start.op))", "offset")
+
+
+def _operation_stats(history: History) -> list[DataFrame]:
+    """Internal rows for the stats: per f, how many client operations were invoked and how many
+    completed ok (ordered as first completed, then those the history never completed, by index);
+    and every `heal` of the nemesis that completed with an error (by completion)."""
+    by_f = (history.operations.filter("process != 'nemesis'").groupBy("f")
+            .agg(F.count(F.lit(1)).alias("invoked"), F.count_if(F.expr("type = 'ok'")).alias("ok"),
+                 F.min(F.expr("struct(NOT completed AS late, op)")).alias("first")))
+    heals = history.operations.filter("process = 'nemesis' AND f = 'heal' AND completed AND error IS NOT NULL")
     return [
-        _witness("uncommitted-read", rows,
-                 "'key', key, 'offset', offset, 'value', value, 'final_value', ffirst.value, "
-                 "'final_op', ffirst.op, 'final_assign', start.op, 'ops', array(op, coalesce(ffirst.op, start.op))",
-                 "least(op, coalesce(ffirst.op, start.op))", "offset"),
-        unjudged,
+        by_f.selectExpr(f"'{_BY_F}' AS type", "CAST(first.late AS LONG) AS s1", "'' AS s2", "first.op AS s3",
+                        "CAST(1 AS LONG) AS weight",
+                        "to_json(named_struct('f', f, 'invoked', invoked, 'ok', ok)) AS json"),
+        heals.selectExpr(f"'{_HEAL}' AS type", "op AS s1", "'' AS s2", "CAST(0 AS LONG) AS s3",
+                         "CAST(1 AS LONG) AS weight", "to_json(named_struct('op', invoke, 'error', error)) AS json"),
     ]
 
 
@@ -396,9 +511,11 @@ def _analyse(spark: SparkSession, path: str, limit: int, full_dir: str | os.Path
     try:
         events = _events(history)
         flags = _value_flags(events)
-        parts = [_lost_write(flags), _unseen(flags), *_duplicate_and_inconsistent(events), _unexpected(flags),
-                 *_polls(events, persisted), _nonmonotonic_send(events), *_uncommitted_read(events), _aborted_read(flags),
-                 _precommitted_read(events)]
+        finals = _final_logs(events)
+        parts = [*_lost_write(finals, flags), _unseen(flags), *_duplicate_and_inconsistent(events), _unexpected(flags),
+                 *_polls(events, persisted), _nonmonotonic_send(events), _uncommitted_read(finals),
+                 _aborted_read(flags), _precommitted_read(events), _final_summaries(finals),
+                 *_operation_stats(history)]
         witnesses = reduce(DataFrame.union, parts).persist(StorageLevel.MEMORY_AND_DISK)
         # Counts and the first `limit` witnesses of each type in one job.
         by_type = Window.partitionBy("type")
@@ -408,7 +525,7 @@ def _analyse(spark: SparkSession, path: str, limit: int, full_dir: str | os.Path
                 .select("type", "json", F.row_number().over(ordered).alias("rn"),
                         F.count(F.lit(1)).over(by_type).alias("rows"),
                         F.sum("weight").over(by_type).alias("total"))
-                .filter(f"rn <= {keep} OR (type = '{_UNJUDGED}' AND rn <= {UNJUDGED_SHOWN})")
+                .filter(f"rn <= {keep} OR type IN ({', '.join(repr(t) for t in _INTERNAL)})")
                 .collect())
         counts: dict[str, int] = {}
         row_counts: dict[str, int] = {}
@@ -418,11 +535,21 @@ def _analyse(spark: SparkSession, path: str, limit: int, full_dir: str | os.Path
             row_counts[r["type"]] = int(r["rows"])
             texts.setdefault(r["type"], []).append(r["json"])
 
+        internal = {t: [json.loads(j) for j in texts.pop(t, [])] for t in _INTERNAL}
+        for t in _INTERNAL:
+            counts.pop(t, None)
+            row_counts.pop(t, None)
+        finals = sorted(internal[_FINAL], key=lambda r: r["key"])
+        stats: dict = dict(history.stats)
+        if internal[_BY_F]:
+            stats["by_f"] = {r["f"]: {"invoked": r["invoked"], "ok": r["ok"]} for r in internal[_BY_F]}
+        if internal[_HEAL]:
+            stats["heal_errors"] = internal[_HEAL]
         notes = list(history.notes)
-        if _UNJUDGED in counts:
-            n = counts.pop(_UNJUDGED)
-            row_counts.pop(_UNJUDGED)
-            notes.append(unjudged_note(texts.pop(_UNJUDGED), n))
+        # Keys an ok poll read that no final chain read: uncommitted-read cannot judge them.
+        unjudged = [r["key"] for r in finals if r["ok_read"] and (r["assign"] is None or r["read_to"] == 0)]
+        if unjudged:
+            notes.append(unjudged_note(unjudged, len(unjudged)))
         if full_dir is not None:
             _write_full(witnesses, Path(full_dir), row_counts, texts, limit)
         edges, hubs = _dependencies(events)
@@ -433,10 +560,12 @@ def _analyse(spark: SparkSession, path: str, limit: int, full_dir: str | os.Path
         return Analysis(
             counts={t: counts[t] for t in TYPES if t in counts},
             examples={t: [json.loads(j) for j in texts[t][:limit]] for t in TYPES if t in texts and limit > 0},
-            stats=dict(history.stats),
+            stats=stats,
             notes=notes,
             dependencies=dependencies,
             hubs=hub_rows,
+            final_reads=[{k: r[k] for k in ("key", "assign", "end", "read_to", "known_end", "complete")}
+                         for r in finals],
         )
     finally:
         for df in (witnesses, events, *persisted):

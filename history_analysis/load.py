@@ -7,7 +7,9 @@ Out: a `History` with
 - `ops`: one row per accepted line, in the history's own terms: `line`
   (1-based line number), `index`, `time`, `process` (a string: the integer
   written in decimal, or "nemesis"), `type`, `f`, `mops`, `keys`,
-  `seek_to_beginning`, `rebalance_log`, `value` (raw JSON text), `error`, `node`;
+  `seek_to_beginning`, `rebalance_log`, `value` (raw JSON text), `error`, `node`,
+  `end_offsets` (key -> offset where the broker said its log ends, on the
+  final reads' assigns);
 - `operations`: one row per operation, invocation and completion paired:
   `op` (index of the completion line; of the invocation line when the
   history ends before the completion), `invoke` (index of the invocation
@@ -15,6 +17,7 @@ Out: a `History` with
   operation never completed), `f`, `mops` (the completion's, or the
   invocation's when the completion carries none), `keys`,
   `seek_to_beginning`, `rebalance_log`, `invoke_time`, `time`, `error`, `node`,
+  `end_offsets` (the completion's; null for an operation never completed),
   `assignment` (which assignment of its process the operation ran in: how
   many assign/subscribe operations the process had invoked up to and
   including this one, 0 before the first; a consumer's position is only
@@ -34,7 +37,8 @@ file, the 1-based line number and the problem, as the Python reader
 a missing or mistyped field, an index that is not the line's position, a
 time earlier than the previous line's, a process invoking while its previous
 operation is open, a completion with no invocation (or whose `f` differs from
-its invocation's). The last line, when it has no trailing newline and is not
+its invocation's), an `end_offsets` that is not an object of key ->
+non-negative integer. The last line, when it has no trailing newline and is not
 valid JSON, is dropped with a note (the harness died while writing it).
 
 Known leniencies against the Python reader (Spark's JSON reader coerces):
@@ -88,10 +92,12 @@ LINE = T.StructType([
     T.StructField("value", T.StringType()),
     T.StructField("error", T.StringType()),
     T.StructField("node", T.StringType()),
+    # On an ok assign of the final reads: where the broker said each key's log ends.
+    T.StructField("end_offsets", T.MapType(T.StringType(), T.LongType())),
     T.StructField("_corrupt", T.StringType()),
 ])
 LINE_COLUMNS = ["line", "index", "time", "process", "type", "f", "mops", "keys", "seek_to_beginning",
-                "rebalance_log", "value", "error", "node"]
+                "rebalance_log", "value", "error", "node", "end_offsets"]
 REQUIRED = ("index", "time", "process", "type", "f")
 
 
@@ -166,7 +172,8 @@ def _structurally_bad() -> Column:
               OR (m.f = 'send' AND (m.key IS NULL OR m.value IS NULL))
               OR (m.f = 'poll' AND exists(coalesce(m.records, array()), r ->
                     r IS NULL OR r.key IS NULL OR r.offset IS NULL OR r.value IS NULL)))))
-        OR (f IN ({key_fns}) AND (keys IS NULL OR exists(keys, k -> k IS NULL))),
+        OR (f IN ({key_fns}) AND (keys IS NULL OR exists(keys, k -> k IS NULL)))
+        OR (end_offsets IS NOT NULL AND exists(map_values(end_offsets), e -> e IS NULL OR e < 0)),
         true)""")
 
 
@@ -377,12 +384,15 @@ def _validate(spark: SparkSession, path: str, parsed: DataFrame, persisted: list
         "coalesce(seek_to_beginning, prev_seek) AS seek_to_beginning",
         "coalesce(rebalance_log, prev_rebalance_log) AS rebalance_log",
         "prev_time AS invoke_time", "time", "error", "node", "assignment",
+        # The completion's own: an end offset is an answer, never part of a request.
+        "end_offsets",
     )
     open_ops = paired.filter("type = 'invoke' AND next_type IS NULL").selectExpr(
         "index AS op", "index AS invoke", "false AS completed", "process", "'info' AS type", "f",
         "mops", "keys", "seek_to_beginning", "rebalance_log", "time AS invoke_time",
         f"CAST({'NULL' if max_time is None else max_time} AS BIGINT) AS time",
         "'never completed: the history ends first' AS error", "node", "assignment",
+        "CAST(NULL AS MAP<STRING, BIGINT>) AS end_offsets",
     )
     return History(
         path=path,

@@ -99,6 +99,14 @@ def validate_line(op: Any, fail) -> None:
         keys = op.get("keys")
         if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
             fail(f"an {op['f']} operation needs 'keys', a list of strings")
+    ends = op.get("end_offsets")
+    if ends is not None:
+        if not isinstance(ends, dict):
+            fail(f"end_offsets {ends!r} is not an object of key -> end offset")
+        for key, end in ends.items():
+            if not isinstance(end, int) or isinstance(end, bool) or end < 0:
+                fail(f"end_offsets[{key!r}] is {end!r}, not a non-negative integer "
+                     f"(the offset where the key's log ends)")
 
 
 def read_history(path: str | Path) -> ReadResult:

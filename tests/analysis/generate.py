@@ -11,7 +11,8 @@ appended or not, all values of the operation alike, and the process is
 replaced), assign keys (optionally seeking to the beginning; otherwise a
 newly owned key starts at the log end) and poll contiguous ranges from
 their positions. At the end one fresh consumer assigns every key with
-seek_to_beginning and reads every log to its end.
+seek_to_beginning, told where each log ends (`end_offsets`), and reads
+every log to its end.
 
 Faults and what they must produce:
 - "duplicate": the log holds a second copy of a value -> {duplicate}.
@@ -41,6 +42,11 @@ Faults and what they must produce:
   boundary falls on the hole (the acknowledged offset is in the log), and
   int-poll-skip when one poll returns records on both sides of it. The
   oracle below tracks consumer chains to know which.
+- "truncated": just before the final reads, the log of a key loses its last
+  record, acknowledged by an ok send (a leader that never replicated it was
+  replaced); the final reads are told the shorter end and reach it ->
+  {lost-write} (the complete final log lacks a committed write), plus
+  uncommitted-read when an ok poll had read the record, unseen otherwise.
 """
 
 from __future__ import annotations
@@ -51,13 +57,15 @@ from dataclasses import dataclass, field
 from .histories import Builder
 
 FAULTS = (None, "duplicate", "unexpected", "inconsistent", "lost", "aborted", "int-skip", "int-rewind",
-          "int-send-reorder", "int-send-skip", "write-cycle")
+          "int-send-reorder", "int-send-skip", "write-cycle", "truncated")
 
 
 @dataclass
 class Entry:
     value: int
     visible: bool = True
+    acked: bool = False  # by an ok send, at its offset
+    read_ok: bool = False  # returned by an ok poll
 
 
 @dataclass
@@ -86,6 +94,7 @@ class _Run:
         self.expected: set[str] = set()
         self.detail: dict = {}
         self.hole_pending = False
+        self.truncate_pending = False
 
     def value(self) -> int:
         self.next_value += 1
@@ -103,7 +112,7 @@ class _Run:
         if outcome == "ok":
             sends = []
             for k, v in mops:
-                entry = Entry(v)
+                entry = Entry(v, acked=True)
                 if self.hole_pending:
                     entry.visible = False
                     self.hole_pending = False
@@ -121,14 +130,16 @@ class _Run:
         self.b.send(c.process, [(k, v, None) for k, v in mops], "info", completed=outcome == "info")
         return Consumer(self.b.process())
 
-    def assign(self, c: Consumer, keys: list[str] | None = None, seek: bool | None = None) -> None:
+    def assign(self, c: Consumer, keys: list[str] | None = None, seek: bool | None = None,
+               ends: bool = False) -> None:
+        """ends: the broker says where each key's log ends (the final reads ask)."""
         r = self.rnd
         keys = keys or r.sample(self.keys, r.randint(1, len(self.keys)))
         seek = r.random() < 0.4 if seek is None else seek
         f = "assign" if seek or r.random() < 0.7 else "subscribe"
         c.positions = {k: 0 if seek else c.positions.get(k, len(self.log[k])) for k in keys}
         c.last = {}
-        self.b.assign(c.process, keys, seek=seek, f=f)
+        self.b.assign(c.process, keys, seek=seek, f=f, ends={k: len(self.log[k]) for k in keys} if ends else None)
 
     def poll(self, c: Consumer, most: int = 3, outcome: str | None = None) -> Consumer:
         r = self.rnd
@@ -142,6 +153,8 @@ class _Run:
             n = r.randint(0, most)
             got = [(k, o, self.log[k][o].value) for o in range(pos, min(pos + n, len(self.log[k])))
                    if self.log[k][o].visible]
+            for _, o, _ in got:
+                self.log[k][o].read_ok = True
             c.positions[k] = min(pos + n, len(self.log[k]))
             if got:
                 if k in c.last and got[0][1] > c.last[k] + 1:
@@ -177,6 +190,8 @@ class _Run:
             self.detail = {"key": k, "offset": o, "values": sorted([self.log[k][o].value, w]), "poll": type_}
         elif self.fault == "lost":
             self.hole_pending = True
+        elif self.fault == "truncated":
+            self.truncate_pending = True
         elif self.fault == "aborted":
             w = self.value()
             self.b.send(slots[0].process, [(k, w, None)], "fail")
@@ -231,9 +246,17 @@ class _Run:
                 self.assign(slots[i])
             else:
                 slots[i] = self.poll(slots[i])
+        if self.truncate_pending:
+            # A record below it stays, so that the final reads return something.
+            cut = [k for k in self.keys if len(self.log[k]) >= 2 and self.log[k][-1].acked]
+            if cut:
+                k = r.choice(cut)
+                e = self.log[k].pop()
+                self.expected |= {"lost-write", "uncommitted-read" if e.read_ok else "unseen"}
+                self.detail = {"key": k, "value": e.value, "offset": len(self.log[k]), "read": e.read_ok}
         # The final reads: one fresh consumer reads every key from the beginning.
         final = Consumer(self.b.process())
-        self.assign(final, list(self.keys), seek=True)
+        self.assign(final, list(self.keys), seek=True, ends=True)
         while any(final.positions[k] < len(self.log[k]) for k in self.keys):
             self.poll(final, most=4, outcome="ok")
         if self.detail and self.fault == "lost":

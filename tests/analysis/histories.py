@@ -26,6 +26,15 @@ class Builder:
     time: int = 0
     next_process: int = 0
     counts: dict[str, int] = field(default_factory=lambda: {"ops": 0, "ok": 0, "fail": 0, "info": 0})
+    # Client operations per f: {"invoked": n, "ok": n}, as the stats' `by_f`.
+    by_f: dict[str, dict[str, int]] = field(default_factory=dict)
+    # What the nemesis' heals that failed said, as the stats' `heal_errors`.
+    heal_errors: list[dict[str, Any]] = field(default_factory=list)
+
+    def stats(self) -> dict[str, Any]:
+        """The stats both engines must report for these lines."""
+        return {**self.counts, **({"by_f": self.by_f} if self.by_f else {}),
+                **({"heal_errors": self.heal_errors} if self.heal_errors else {})}
 
     def process(self) -> int:
         self.next_process += 1
@@ -44,6 +53,9 @@ class Builder:
         if process != "nemesis":
             self.counts["ops"] += 1
             self.counts[type_ if completed else "info"] += 1
+            by_f = self.by_f.setdefault(f, {"invoked": 0, "ok": 0})
+            by_f["invoked"] += 1
+            by_f["ok"] += completed and type_ == "ok"
         if not completed:
             return index
         return self.line(process, type_, f, **(invoke if complete is None else complete))
@@ -60,12 +72,20 @@ class Builder:
         done = [{"f": "poll", "records": [{"key": k, "offset": o, "value": v} for k, o, v in records]}]
         return self.op(process, "poll", type_, {"mops": [{"f": "poll"}]}, {"mops": done}, completed)
 
-    def assign(self, process: int, keys: list[str], seek: bool = False, type_: str = "ok", f: str = "assign") -> int:
+    def assign(self, process: int, keys: list[str], seek: bool = False, type_: str = "ok", f: str = "assign",
+               ends: dict[str, int] | None = None) -> int:
+        """ends: the `end_offsets` the completion reports (where the broker said each key ends)."""
         fields = {"keys": keys, "seek_to_beginning": True if seek else None}
-        return self.op(process, f, type_, fields, fields)
+        return self.op(process, f, type_, fields, {**fields, "end_offsets": ends})
 
-    def nemesis(self, f: str = "start-partition") -> int:
-        return self.op("nemesis", f, "info", {"value": {"grudge": {"n1": ["n2"]}}})
+    def nemesis(self, f: str = "start-partition", type_: str = "info", error: str | None = None,
+                completed: bool = True) -> int:
+        """error: what the completion reports; a heal that reports one is in the stats' `heal_errors`."""
+        invoke = {"value": {"grudge": {"n1": ["n2"]}}}
+        index = self.op("nemesis", f, type_, invoke, {**invoke, "error": error}, completed)
+        if f == "heal" and error is not None and completed:
+            self.heal_errors.append({"op": index - 1, "error": error})
+        return index
 
 
 class Scenario:

@@ -198,20 +198,81 @@ def test_the_same_record_read_twice_is_no_anomaly(found):
 @scenario
 def inconsistent_offsets(s):
     k, p, c, d = s.key(), s.process(), s.process(), s.process()
-    send = s.send(p, [(k, 1, 0)])
+    s.send(p, [(k, 1, 0)])
     s.send(p, [(k, 2, None)], "fail")
-    s.poll(c, [(k, 0, 1)])
+    read = s.poll(c, [(k, 0, 1)])
     failed = s.poll(d, [(k, 0, 2)], "fail")
-    return {"send": send, "failed": failed}
+    return {"read": read, "failed": failed}
 
 
 def test_inconsistent_offsets(found):
     f, ix = found("inconsistent_offsets")
     # The failed poll keeps this from being an uncommitted read, and value 2
-    # was sent (by a failed send), so it is not unexpected either.
+    # was sent (by a failed send), so it is not unexpected either. The value
+    # acknowledged at offset 0 was read there: not a reused offset. The ops are
+    # the polls': what makes the offset inconsistent is that readers disagree.
     assert set(f) == {"inconsistent-offsets"}
     assert f["inconsistent-offsets"] == [{"key": "inconsistent_offsets-t/0", "offset": 0, "values": [1, 2],
-                                          "ops": [ix["send"], ix["failed"]]}]
+                                          "ops": [ix["read"], ix["failed"]]}]
+
+
+@scenario
+def polls_disagree(s):
+    k, p, q, c, d = s.key(), s.process(), s.process(), s.process(), s.process()
+    s.send(p, [(k, 1, None)], "info")  # indeterminate: no acknowledged offset
+    s.send(q, [(k, 2, None)], "info")
+    first = s.poll(c, [(k, 0, 1)])
+    second = s.poll(d, [(k, 0, 2)])
+    return {"first": first, "second": second}
+
+
+def test_two_polls_that_disagree_are_inconsistent_offsets_only(found):
+    f, ix = found("polls_disagree")
+    assert set(f) == {"inconsistent-offsets"}
+    assert f["inconsistent-offsets"] == [{"key": "polls_disagree-t/0", "offset": 0, "values": [1, 2],
+                                          "ops": [ix["first"], ix["second"]]}]
+
+
+@scenario
+def reused_offset(s):
+    k, p, q, c = s.key(), s.process(), s.process(), s.process()
+    s.send(p, [(k, 1, 0)])
+    acked = s.send(p, [(k, 2, 1)])  # acknowledged at 1, never read anywhere...
+    s.send(q, [(k, 9, None)], "info")
+    start = s.assign(c, [k], seek=True, ends={k: 2})
+    read = s.poll(c, [(k, 0, 1), (k, 1, 9)])  # ...where the complete final log holds 9
+    return {"acked": acked, "start": start, "read": read}
+
+
+def test_reused_offset_an_acknowledged_offset_holds_another_value(found):
+    f, ix = found("reused_offset")
+    k = "reused_offset-t/0"
+    # The write is lost too (the complete final log lacks it) and unseen; no poll disagrees.
+    assert set(f) == {"reused-offset", "lost-write", "unseen"}
+    assert f["reused-offset"] == [{"key": k, "offset": 1, "value": 2, "send_op": ix["acked"], "other_value": 9,
+                                   "other_op": ix["read"], "ops": [ix["acked"], ix["read"]]}]
+    assert f["lost-write"] == [{"key": k, "value": 2, "offset": 1, "send_op": ix["acked"], "final_value": 9,
+                                "final_assign": ix["start"], "final_end": 2, "final_read_to": 2,
+                                "ops": [ix["acked"], ix["start"]]}]
+
+
+@scenario
+def offset_acknowledged_twice(s):
+    k, p, q = s.key(), s.process(), s.process()
+    first = s.send(p, [(k, 1, 0)])
+    second = s.send(q, [(k, 2, 0)])
+    return {"first": first, "second": second}
+
+
+def test_one_offset_acknowledged_for_two_values_is_reused_for_each(found):
+    f, ix = found("offset_acknowledged_twice")
+    k, a, b = "offset_acknowledged_twice-t/0", ix["first"], ix["second"]
+    # no poll returned anything: the readers did not disagree
+    assert set(f) == {"reused-offset", "unseen"}
+    assert f["reused-offset"] == [
+        {"key": k, "offset": 0, "value": 1, "send_op": a, "other_value": 2, "other_op": b, "ops": [a, b]},
+        {"key": k, "offset": 0, "value": 2, "send_op": b, "other_value": 1, "other_op": a, "ops": [b, a]},
+    ]
 
 
 @scenario
@@ -359,7 +420,7 @@ def test_uncommitted_read_of_a_value_the_final_log_replaced(found):
     assert set(f) == {"uncommitted-read", "inconsistent-offsets"}
     assert f["uncommitted-read"] == [{"key": "uncommitted_read_other_value-t/0", "offset": 1, "value": 9,
                                       "final_value": 2, "final_op": ix["again"], "final_assign": ix["start"],
-                                      "ops": [ix["read"], ix["again"]]}]
+                                      "final_end": None, "final_read_to": 2, "ops": [ix["read"], ix["again"]]}]
 
 
 @scenario
@@ -382,7 +443,7 @@ def test_uncommitted_read_of_an_offset_the_final_log_lacks(found):
     assert set(f) == {"uncommitted-read", "poll-skip"}
     assert f["uncommitted-read"] == [{"key": "uncommitted_read_nothing_there-t/0", "offset": 1, "value": 9,
                                       "final_value": None, "final_op": None, "final_assign": ix["start"],
-                                      "ops": [ix["read"], ix["start"]]}]
+                                      "final_end": None, "final_read_to": 3, "ops": [ix["read"], ix["start"]]}]
 
 
 @scenario
@@ -436,6 +497,110 @@ def test_no_uncommitted_read_without_evidence_from_a_final_read(found, catalog):
     [note] = [n for n in catalog["analysis"].notes if n.startswith("uncommitted-read not judged")]
     assert note == (f"uncommitted-read not judged for {len(unjudged)} key(s) ({', '.join(unjudged[:8])}, ...): "
                     f"no assign with seek_to_beginning read them from the beginning")
+
+
+# --- final reads: the end offset the broker gave --------------------------------------
+
+def _three_read_then_final(s, end: int, final_reads: int):
+    """Three values acknowledged at 0, 1, 2 and read by a consumer; then final reads from the
+    beginning told the log ends at `end`, returning the first `final_reads` records."""
+    k, p, c, final = s.key(), s.process(), s.process(), s.process()
+    sends = [s.send(p, [(k, v, o)]) for o, v in enumerate((1, 2, 3))]
+    read = s.poll(c, [(k, 0, 1), (k, 1, 2), (k, 2, 3)])
+    start = s.assign(final, [k], seek=True, ends={k: end})
+    s.poll(final, [(k, o, o + 1) for o in range(final_reads)])
+    return {"sends": sends, "read": read, "start": start}
+
+
+@scenario
+def final_log_cut_tail(s):
+    return _three_read_then_final(s, end=2, final_reads=2)
+
+
+@scenario
+def final_log_whole(s):
+    return _three_read_then_final(s, end=3, final_reads=3)
+
+
+@scenario
+def final_log_short_of_its_end(s):
+    return _three_read_then_final(s, end=3, final_reads=2)
+
+
+def test_a_tail_the_complete_final_log_lost_is_a_lost_write_and_its_read_uncommitted(found):
+    f, ix = found("final_log_cut_tail")
+    k, send, start = "final_log_cut_tail-t/0", ix["sends"][2], ix["start"]
+    # value 3 was read (so the first lost-write rule, reads passing it, cannot apply) and
+    # acknowledged at 2, but the broker says the log ends at 2 and the final reads got there
+    assert set(f) == {"lost-write", "uncommitted-read"}
+    assert f["lost-write"] == [{"key": k, "value": 3, "offset": 2, "send_op": send, "final_value": None,
+                                "final_assign": start, "final_end": 2, "final_read_to": 2, "ops": [send, start]}]
+    assert f["uncommitted-read"] == [{"key": k, "offset": 2, "value": 3, "final_value": None, "final_op": None,
+                                      "final_assign": start, "final_end": 2, "final_read_to": 2,
+                                      "ops": [ix["read"], start]}]
+
+
+def test_final_reads_to_the_end_that_hold_everything_find_nothing(found):
+    assert found("final_log_whole")[0] == {}
+
+
+def test_final_reads_short_of_the_end_judge_no_tail(found):
+    # read_to 2 < end 3: incomplete, so offset 2 is neither lost nor uncommitted
+    assert found("final_log_short_of_its_end")[0] == {}
+
+
+@scenario
+def lost_write_passed_and_missing(s):
+    k, p, c = s.key(), s.process(), s.process()
+    s.send(p, [(k, 1, 0)])
+    lost = s.send(p, [(k, 2, 1)])
+    s.send(p, [(k, 3, 2)])
+    s.assign(c, [k], seek=True, ends={k: 3})
+    poll = s.poll(c, [(k, 0, 1), (k, 2, 3)])
+    return {"lost": lost, "poll": poll}
+
+
+def test_a_write_both_lost_write_rules_catch_is_reported_once(found):
+    f, ix = found("lost_write_passed_and_missing")
+    assert set(f) == {"lost-write", "unseen", "int-poll-skip"}
+    # the first rule's witness (a read passed it); the complete final log's lack of it adds nothing
+    assert [(w["value"], w["read_op"]) for w in f["lost-write"]] == [(2, ix["poll"])]
+
+
+@scenario
+def final_chain_across_a_reassign(s):
+    k, p, c, final = s.key(), s.process(), s.process(), s.process()
+    s.send(p, [(k, 1, 0), (k, 2, 1), (k, 3, 2)])
+    s.poll(c, [(k, 0, 1), (k, 1, 2), (k, 2, 3)])
+    start = s.assign(final, [k], seek=True, ends={k: 2})
+    s.poll(final, [(k, 0, 1), (k, 1, 2)])
+    # Jepsen's final reads: assign again, without rewinding, to learn whether the end moved;
+    # it did, and the chain goes on past the second assign.
+    s.assign(final, [k], ends={k: 3})
+    s.poll(final, [(k, 2, 3)])
+    return {"start": start}
+
+
+def test_the_final_chain_runs_past_later_assigns_and_takes_the_latest_end(found, catalog):
+    _, ix = found("final_chain_across_a_reassign")
+    assert found("final_chain_across_a_reassign")[0] == {}
+    [summary] = [r for r in catalog["analysis"].final_reads if r["key"] == "final_chain_across_a_reassign-t/0"]
+    assert summary == {"key": "final_chain_across_a_reassign-t/0", "assign": ix["start"], "end": 3, "read_to": 3,
+                       "known_end": 3, "complete": True}
+
+
+def test_final_reads_summarise_every_key_with_evidence_or_a_final_chain(catalog):
+    summaries = {r["key"]: r for r in catalog["analysis"].final_reads}
+    assert list(summaries) == sorted(summaries)
+    assert summaries["final_log_cut_tail-t/0"] == {
+        "key": "final_log_cut_tail-t/0", "assign": catalog["facts"]["final_log_cut_tail"]["start"], "end": 2,
+        "read_to": 2, "known_end": 3, "complete": True}
+    assert summaries["final_log_short_of_its_end-t/0"]["complete"] is False
+    # no final chain: complete only by a final chain, whatever the evidence
+    assert summaries["no_final_read-t/0"] == {"key": "no_final_read-t/0", "assign": None, "end": None,
+                                              "read_to": 0, "known_end": 1, "complete": False}
+    # a key whose only send was never acknowledged has no evidence in its log, and no final chain
+    assert "stats-t/0" not in summaries
 
 
 # --- G1a and precommitted-read -------------------------------------------------------
@@ -620,8 +785,11 @@ def test_no_cycle_when_every_dependency_runs_one_way(found):
 def catalog(spark, tmp_path_factory):
     builder, facts = scenario.build()
     builder.nemesis()
+    builder.nemesis("heal", "fail", error="could not reach n2")  # in the stats' heal_errors
+    builder.nemesis("heal")
     k = "stats-t/0"
     builder.send(builder.process(), [(k, 1, None)], completed=False)
+    builder.nemesis("heal", completed=False)  # never completed: its made-up error is no heal error
     tmp = tmp_path_factory.mktemp("catalog")
     path = tmp / "history.jsonl"
     write_history(path, builder.lines)
@@ -642,9 +810,12 @@ def found(catalog):
 
 
 def test_stats_count_client_operations_and_never_completed_as_info(catalog):
-    assert catalog["analysis"].stats == catalog["builder"].counts
-    # one in never_completed_send_read, one at the very end
-    assert "2 invocation(s) never completed; counted as info" in catalog["analysis"].notes
+    stats = catalog["analysis"].stats
+    assert stats == catalog["builder"].stats()
+    assert stats["by_f"]["send"]["invoked"] > stats["by_f"]["send"]["ok"] > 0
+    assert [e["error"] for e in stats["heal_errors"]] == ["could not reach n2"]
+    # one in never_completed_send_read, a send and a heal at the very end
+    assert "3 invocation(s) never completed; counted as info" in catalog["analysis"].notes
 
 
 def test_counts_examples_and_full_files_agree(catalog):
@@ -671,6 +842,7 @@ def test_the_python_engine_finds_exactly_what_spark_finds(catalog):
     assert (python_result.stats, python_result.notes) == (spark_result.stats, spark_result.notes)
     assert python_result.dependencies == spark_result.dependencies
     assert python_result.hubs == spark_result.hubs
+    assert python_result.final_reads == spark_result.final_reads
 
 
 def test_every_witness_of_the_catalog_is_explained_with_its_operations(catalog):

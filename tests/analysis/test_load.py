@@ -83,6 +83,9 @@ MALFORMED = {
     "empty line": (replace(4, ""), 5),
     "trailing data": (replace(4, json.dumps(valid_lines()[4]) + " 7"), 5),
     "bad record": (with_(7, mops=[{"f": "poll", "records": [{"key": "t/0", "offset": 0}]}]), 8),
+    "negative end offset": (with_(3, end_offsets={"t/0": 1, "t/1": -1}), 4),
+    "end offset not an integer": (with_(3, end_offsets={"t/0": "1"}), 4),
+    "end_offsets not an object": (with_(3, end_offsets=[1]), 4),
 }
 
 
@@ -221,5 +224,22 @@ def test_assignment_counts_the_assign_and_subscribe_invocations_of_a_process(spa
         got = {(r["op"], r["process"]): r["assignment"]
                for r in history.operations.filter("process != 'nemesis'").collect()}
         assert got == expected
+    finally:
+        history.unpersist()
+
+
+def test_end_offsets_of_a_completion_are_read_as_a_map(spark, tmp_path):
+    # Only the completion's: the made-up completion of an invocation never completed has none.
+    b = Builder()
+    c, d = b.process(), b.process()
+    b.assign(c, ["t/0", "t/1"], seek=True, ends={"t/0": 3, "t/1": 0})
+    b.assign(c, ["t/0"])
+    b.op(d, "assign", "ok", {"keys": ["t/0"], "seek_to_beginning": True, "end_offsets": {"t/0": 9}}, completed=False)
+    path = write(tmp_path / "history.jsonl", b.lines)
+    read_history(path)
+    history = load_history(spark, str(path))
+    try:
+        got = [(r["op"], r["end_offsets"]) for r in history.operations.orderBy("op").collect()]
+        assert got == [(1, {"t/0": 3, "t/1": 0}), (3, None), (4, None)]
     finally:
         history.unpersist()

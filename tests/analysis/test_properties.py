@@ -47,6 +47,7 @@ def check(spark, faults, rnd, steps):
         assert (analysis.stats, analysis.notes) == (oracle.stats, oracle.notes)
         assert analysis.dependencies == oracle.dependencies
         assert analysis.hubs == oracle.hubs
+        assert analysis.final_reads == oracle.final_reads
         found = by_scenario(analysis.examples)
         # Cycles span keys: a cycle belongs to the scenario owning the keys of its steps.
         for kind, witnesses in add_cycles(Analysis(dependencies=analysis.dependencies, hubs=analysis.hubs),
@@ -59,7 +60,7 @@ def check(spark, faults, rnd, steps):
             got = found.get(run.name, {})
             assert set(got) == run.expected, (run.fault, run.detail, got)
             yield run, got
-        assert analysis.stats == b.counts
+        assert analysis.stats == b.stats()
         assert not any(n.startswith("uncommitted-read not judged") for n in analysis.notes)
 
 
@@ -99,6 +100,14 @@ def test_one_fault_shows_exactly_its_anomalies(spark, faults, seed, steps):
             if d["poll"] == "ok":
                 [u] = got["uncommitted-read"]
                 assert (u["key"], u["offset"], u["value"]) == (d["key"], d["offset"], d["values"][1])
+        elif run.fault == "truncated" and d:
+            [w] = got["lost-write"]
+            assert (w["key"], w["value"], w["offset"], w["final_value"]) == (d["key"], d["value"], d["offset"], None)
+            assert w["final_end"] == w["final_read_to"] == d["offset"]
+            if d["read"]:
+                [u] = got["uncommitted-read"]
+                assert (u["key"], u["offset"], u["value"], u["final_end"]) == (d["key"], d["offset"], d["value"],
+                                                                              d["offset"])
         elif run.fault == "write-cycle" and d:
             [w] = got["G0"]
             assert w["size"] == 2 and {st["key"] for st in w["steps"]} == set(d["keys"])
