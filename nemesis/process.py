@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from ..control.wait import wait_until
 from .core import Op, leader_of_random_key, pick_nodes
 
 
@@ -240,6 +241,11 @@ class RollingRestartNemesis:
             self.db.wait_ready(node)
         return {"nodes": restarted}
 
+def _topic_partition(key: str) -> tuple[str, int]:
+    topic, _, partition = key.rpartition("/")
+    return topic, int(partition)
+
+
 class StaleElectionNemesis:
     """The unclean-election experiment, as a fault and its repair.
 
@@ -273,15 +279,13 @@ class StaleElectionNemesis:
         if self.stale is not None:
             return {"nodes": [], "note": f"{self.stale[1]} is already the stale replica of {self.stale[0]}"}
         key, leader = leader_of_random_key(self.db, self.keys, rng)
-        topic, partition = key.rpartition("/")[0], int(key.rpartition("/")[2])
+        topic, partition = _topic_partition(key)
         followers = [n for n in self.db.in_sync_replicas(topic, partition) if n != leader]
         if leader is None or not followers:
             return {"nodes": [], "key": key, "note": f"{key} has no in-sync follower to make stale"}
         stale = rng.choice(followers)
         pid = self.db.kill(stale)
         self.stale, self.down = (key, stale), [stale]
-        from ..control.wait import wait_until
-
         wait_until(lambda: stale not in self.db.in_sync_replicas(topic, partition), self.out_of_isr_timeout,
                    f"{stale} stayed in the ISR of {key} after it was killed")
         return {"nodes": [stale], "key": key, "leader": leader, "signal": "SIGKILL", "pids": {stale: pid},
@@ -291,14 +295,12 @@ class StaleElectionNemesis:
         if self.stale is None:
             return {"nodes": [], "note": "no stale replica to elect"}
         key, stale = self.stale
-        topic, partition = key.rpartition("/")[0], int(key.rpartition("/")[2])
+        topic, partition = _topic_partition(key)
         in_sync = [n for n in self.db.in_sync_replicas(topic, partition) if n != stale]
         pids = {n: self.db.kill(n) for n in in_sync}
         self.down += in_sync
         self.db.start(stale)
         self.db.wait_ready(stale)
-        from ..control.wait import wait_until
-
         try:
             wait_until(lambda: self.db.leader(topic, partition) == stale, self.wait, "not elected")
             elected = True
