@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..models.guarantees import STRICTEST, Model, model_for_settings, model_named
+from ..models.guarantees import STRICTEST, Model, for_history, model_for_settings, model_named
 from ..models.history import HistoryError
 from .cycles import add_cycles
 from .verdict import exit_status, fail_closed, unknown, verdict, write_results
@@ -106,7 +106,9 @@ def check(history: Path, model: Model, engine: str = "spark", spark=None, spark_
 
         analysis = analyse(spark or get_session(spark_master), str(history),
                            full_dir=str(full_dir) if full_dir else None)
-    return verdict(add_cycles(analysis, full_dir=full_dir), model)
+    # What the history shows of its consumers and operations refines the model (rule 10 of the
+    # Jepsen semantics: the consumer mode comes from the history, under any model).
+    return verdict(add_cycles(analysis, full_dir=full_dir), for_history(model, analysis.stats))
 
 
 def check_paths(paths: list[str | Path], spark_master: str = "local[2]", model: str | None = None,

@@ -50,6 +50,8 @@ def verdict(analysis, model: Model) -> dict[str, Any]:
 # Client operations whose never succeeding means the run cannot show what it claims.
 JUDGED_FS = ("send", "poll", "txn", "assign", "subscribe")
 SHOWN_KEYS = 5
+OUTCOMES = {"unavailable": "the final reader could not read the key (its leader or its end offset was unavailable)",
+            "timeout": "the final reads ran out of time before reaching the key's end"}
 
 
 def unknown_reasons(analysis) -> list[str]:
@@ -68,6 +70,13 @@ def unknown_reasons(analysis) -> list[str]:
     for heal in stats.get("heal_errors", []):
         reasons.append(f"the heal failed (op {heal['op']}: {heal['error']}): faults may have lasted into the "
                        f"final reads")
+    # The final reader's own record (history-format.md, Final reads): a key it could not read, or
+    # ran out of time on, cannot show its tail, whatever the polls before suggest.
+    cut = [r for r in analysis.final_reads if r.get("outcome") not in (None, "reached")]
+    if cut:
+        shown = "; ".join(f"{r['key']}: {OUTCOMES.get(r['outcome'], r['outcome'])}" for r in cut[:SHOWN_KEYS])
+        reasons.append(f"the final reads say they did not read {len(cut)} key(s) to the end: {shown}"
+                       + ("; ..." if len(cut) > SHOWN_KEYS else ""))
     missing = [r for r in analysis.final_reads if r["assign"] is None]
     short = [r for r in analysis.final_reads if r["assign"] is not None and not r["complete"]]
     if missing:

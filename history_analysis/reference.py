@@ -34,11 +34,12 @@ class Event:
     key: str
     op: int
     process: Any
-    assignment: int  # the operation's `assignment`, as on `Operation`
     type: str
     offset: int | None
     value: int | None
     pos: int
+    # A send the broker acknowledged at `offset` (see `_acknowledge`); reads are never acked.
+    acked: bool = False
 
 
 @dataclass
@@ -51,27 +52,24 @@ class Operation:
     mops: list
     keys: list
     seek: bool
-    # Which assignment of its process this ran in: how many assign/subscribe operations the
-    # process had invoked up to and including this one (0 before the first); the Spark
-    # engine's `operations.assignment`.
-    assignment: int
     # A final read's assign: where the broker said each key's log ends (history-format.md).
     end_offsets: dict | None = None
+    # The keys a rebalance during the operation assigned or revoked (its rebalance_log).
+    rebalanced: frozenset = frozenset()
+    # A final-reads record: per key, where the final reader aimed, how far it read, and how it ended.
+    final_reads: list | None = None
 
 
 def operations(ops: list[dict], real: int) -> tuple[list[Operation], dict[str, int]]:
     """Pair invocations with completions: (client operations, stats). `ops[real:]` are
     the reader's made-up completions of invocations the history never completed."""
     open_ops: dict[Any, dict] = {}
-    assignments: dict[Any, int] = defaultdict(int)
     out: list[Operation] = []
-    stats = {"ops": 0, "ok": 0, "fail": 0, "info": 0}
+    stats = {"ops": 0, "ok": 0, "fail": 0, "info": 0, "mixed": 0}
     for op in ops:
         process = op["process"]
         if op["type"] == "invoke":
             open_ops[process] = op
-            if op["f"] in ("assign", "subscribe"):
-                assignments[process] += 1
             if process != "nemesis":
                 stats["ops"] += 1
             continue
@@ -94,8 +92,14 @@ def operations(ops: list[dict], real: int) -> tuple[list[Operation], dict[str, i
         seek = op.get("seek_to_beginning")
         seek = inv.get("seek_to_beginning") if seek is None else seek
         ends = op.get("end_offsets") if op["type"] == "ok" else None
-        out.append(Operation(index, inv["index"], process, op["type"], op["f"], mops or [], keys or [], bool(seek),
-                             assignments[process], ends))
+        mops = mops or []
+        fs = {m.get("f") for m in mops}
+        stats["mixed"] += "send" in fs and "poll" in fs
+        rebalance_log = op.get("rebalance_log") if op.get("rebalance_log") is not None else inv.get("rebalance_log")
+        rebalanced = frozenset(k for entry in rebalance_log or [] for k in entry.get("keys") or [])
+        finals = op.get("final_reads") if op["f"] == "final-reads" and op["index"] < real else None
+        out.append(Operation(index, inv["index"], process, op["type"], op["f"], mops, keys or [], bool(seek),
+                             ends, rebalanced, finals))
     return out, stats
 
 
@@ -107,15 +111,27 @@ def events(ops: list[Operation]) -> tuple[list[Event], list[tuple[str, Operation
         for mpos, mop in enumerate(o.mops):
             if mop.get("f") == "poll":
                 for i, r in enumerate(mop.get("records") or []):
-                    out.append(Event("r", r["key"], o.op, o.process, o.assignment, o.type, r["offset"], r["value"],
+                    out.append(Event("r", r["key"], o.op, o.process, o.type, r["offset"], r["value"],
                                      mpos * 4294967296 + i))
             else:
-                out.append(Event("s", mop["key"], o.op, o.process, o.assignment, o.type, mop.get("offset"),
-                                 mop.get("value"), mpos))
+                out.append(Event("s", mop["key"], o.op, o.process, o.type, mop.get("offset"), mop.get("value"), mpos))
         if o.type == "ok" and o.f == "assign" and o.seek:
             for key in dict.fromkeys(o.keys):
                 seeks.append((key, o))
+    _acknowledge(out, {o.op for o in ops if o.f == "send"})
     return out, seeks
+
+
+def _acknowledge(evs: list[Event], plain_sends: set[int]) -> None:
+    """Mark the sends the broker acknowledged (the spec's 'acknowledged'): with an offset, in an ok
+    operation; in an info operation of plain sends (each record acknowledged on its own); or in an
+    info operation that took effect (a value of it was read: Jepsen's `must-have-committed?`), since
+    the offsets of a transaction whose commit is unknown do not alone prove it committed."""
+    read = {(e.key, e.value) for e in evs if e.kind == "r"}
+    took_effect = {e.op for e in evs if e.kind == "s" and e.type == "info" and (e.key, e.value) in read}
+    for e in evs:
+        if e.kind == "s" and e.offset is not None:
+            e.acked = e.type == "ok" or (e.type == "info" and (e.op in plain_sends or e.op in took_effect))
 
 
 @dataclass
@@ -131,6 +147,8 @@ class FinalLog:
     known_end: int
     read_to: int = 0
     values: dict = None  # offset -> [(op, value)]
+    # How the harness's final reader says its read of the key ended (history-format.md, Final reads).
+    outcome: str | None = None
 
     def __post_init__(self):
         self.values = {} if self.values is None else self.values
@@ -146,7 +164,7 @@ class FinalLog:
 
     def summary(self) -> dict:
         return {"key": self.key, "assign": self.assign, "end": self.end, "read_to": self.read_to,
-                "known_end": self.known_end, "complete": self.complete}
+                "known_end": self.known_end, "complete": self.complete, "outcome": self.outcome}
 
 
 class Found:
@@ -180,7 +198,7 @@ class Log:
 
 
 def _in_log(e: Event) -> bool:
-    return e.kind == "r" or (e.kind == "s" and e.type == "ok" and e.offset is not None)
+    return e.kind == "r" or e.acked
 
 
 def _skip_fields(log: Log, key: str, a: int, b: int) -> tuple[list[int], int]:
@@ -226,10 +244,9 @@ def _duplicate_and_inconsistent(evs: list[Event], facts: dict[tuple, int], found
 
 
 def _lost_and_unseen(evs: list[Event], finals: dict[str, FinalLog], found: Found) -> None:
+    """lost-write (over acknowledged sends: the committed writes whose offset is known) and unseen."""
     read = {(e.key, e.value) for e in evs if e.kind == "r"}
     read_ok = {(e.key, e.value) for e in evs if e.kind == "r" and e.type == "ok"}
-    # Jepsen's rule for indeterminate sends: one of whose values was read took effect, all of it.
-    took_effect = {e.op for e in evs if e.kind == "s" and e.type == "info" and (e.key, e.value) in read}
     ok_reads: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for e in evs:
         if e.kind == "r" and e.type == "ok":
@@ -245,8 +262,7 @@ def _lost_and_unseen(evs: list[Event], finals: dict[str, FinalLog], found: Found
             best.append(running)
         passed_above[key] = (offsets[::-1], best[::-1])
     for e in evs:
-        if not (e.kind == "s" and e.offset is not None and (e.key, e.value) not in read
-                and (e.type == "ok" or (e.type == "info" and e.op in took_effect))):
+        if not (e.acked and (e.key, e.value) not in read):
             continue
         offsets, best = passed_above.get(e.key, ([], []))
         i = bisect.bisect_right(offsets, e.offset)
@@ -259,8 +275,7 @@ def _lost_and_unseen(evs: list[Event], finals: dict[str, FinalLog], found: Found
     # the tail (the log now ends before it), or replaced; read before or not.
     flagged = {(w["key"], w["value"]) for _, _, w in _rows(found, "lost-write")}
     for e in evs:
-        if not (e.kind == "s" and e.offset is not None and (e.key, e.value) not in flagged
-                and (e.type == "ok" or (e.type == "info" and e.op in took_effect))):
+        if not (e.acked and (e.key, e.value) not in flagged):
             continue
         log = finals.get(e.key)
         if log is None or log.assign is None or not log.complete or log.end is None:
@@ -273,9 +288,10 @@ def _lost_and_unseen(evs: list[Event], finals: dict[str, FinalLog], found: Found
                                  "final_value": min(there)[1] if there else None, "final_assign": log.assign,
                                  **log.end_fields(), "ops": [e.op, log.assign]},
                   min(e.op, log.assign), e.offset)
+    # Acknowledged sends, and ok sends whose offset the client could not learn (acks=0).
     unseen: dict[str, list[Event]] = defaultdict(list)
     for e in evs:
-        if e.kind == "s" and e.type == "ok" and (e.key, e.value) not in read_ok:
+        if e.kind == "s" and (e.acked or e.type == "ok") and (e.key, e.value) not in read_ok:
             unseen[e.key].append(e)
     for key, es in unseen.items():
         first = sorted(es, key=lambda e: (e.op, e.pos))[:UNSEEN_VALUES]
@@ -297,7 +313,7 @@ def _unexpected_and_aborted(evs: list[Event], found: Found) -> None:
         sends = senders.get((e.key, e.value))
         if not sends:
             unexpected[(e.key, e.value)].append(e)
-        elif e.type == "ok" and all(s.type == "fail" for s in sends):
+        elif all(s.type == "fail" for s in sends):
             aborted[(e.key, e.value)].append(e)
     for (key, value), es in unexpected.items():
         first = min(es, key=lambda e: (e.op, e.pos))
@@ -313,15 +329,29 @@ def _unexpected_and_aborted(evs: list[Event], found: Found) -> None:
                   min(send_op, first.op), value)
 
 
-def _chains(evs: list[Event], log: Log, found: Found) -> None:
+def _epochs(ops: list[Operation]) -> dict[Any, list[tuple[int, frozenset, bool]]]:
+    """Per process, its ok assign and subscribe operations in order: (op, keys, rewinds)."""
+    out: dict[Any, list[tuple[int, frozenset, bool]]] = defaultdict(list)
+    for o in sorted(ops, key=lambda o: o.op):
+        if o.type == "ok" and o.f in ("assign", "subscribe"):
+            out[o.process].append((o.op, frozenset(o.keys), o.f == "assign" and o.seek))
+    return out
+
+
+def _chains(evs: list[Event], ops: list[Operation], log: Log, pos: dict[tuple, int], found: Found) -> None:
     """poll-skip, nonmonotonic-poll (across polls) and nonmonotonic-send (across sends)."""
+    # A consumer's position on a key starts over only where an ok assign or subscribe of its
+    # process dropped the key or rewound it (Jepsen's poll-skip+nonmonotonic-cases-per-process);
+    # an assign that was refused or whose outcome is unknown changes nothing.
+    epochs = _epochs(ops)
+
+    def epoch(process, key: str, op: int) -> int:
+        return sum(1 for a, keys, rewinds in epochs.get(process, ()) if a < op and (key not in keys or rewinds))
+
     polls: dict[tuple, dict[int, list[Event]]] = defaultdict(lambda: defaultdict(list))
-    sends: dict[tuple, dict[int, list[Event]]] = defaultdict(lambda: defaultdict(list))
     for e in evs:
         if e.kind == "r":
-            polls[(e.process, e.assignment, e.key)][e.op].append(e)
-        elif e.type == "ok" and e.offset is not None:
-            sends[(e.process, e.key)][e.op].append(e)
+            polls[(e.process, epoch(e.process, e.key, e.op), e.key)][e.op].append(e)
     for (process, _, key), by_op in polls.items():
         prev = None
         for op in sorted(by_op):
@@ -332,27 +362,39 @@ def _chains(evs: list[Event], log: Log, found: Found) -> None:
                 if b <= a:
                     found.add("nonmonotonic-poll", {"process": process, "key": key, "prev_offset": a,
                                                     "next_offset": b, "ops": [prev_op, op]}, prev_op, b)
-                elif b > a + 1:
+                elif b - a > 1:
                     skipped, n = _skip_fields(log, key, a, b)
                     if n:
                         found.add("poll-skip", {"process": process, "key": key, "prev_offset": a,
                                                 "next_offset": b, "skipped": skipped, "skipped_count": n,
                                                 "ops": [prev_op, op]}, prev_op, a)
             prev = (op, es[-1].offset)
+    # A process's sends to a key, by its ok and info operations in order, are compared by their
+    # positions in the version order (Jepsen's nonmonotonic-send-cases): the earlier operation's
+    # last send against the later one's first. An unknown position compares with nothing.
+    sends: dict[tuple, dict[int, list[Event]]] = defaultdict(lambda: defaultdict(list))
+    for e in evs:
+        if e.kind == "s" and e.type in ("ok", "info"):
+            sends[(e.process, e.key)][e.op].append(e)
     for (process, key), by_op in sends.items():
         prev = None
         for op in sorted(by_op):
             es = sorted(by_op[op], key=lambda e: e.pos)
-            if prev is not None and es[0].offset < prev[1]:
-                found.add("nonmonotonic-send", {"process": process, "key": key, "prev_offset": prev[1],
-                                                "next_offset": es[0].offset, "prev_value": prev[2],
-                                                "next_value": es[0].value, "ops": [prev[0], op]},
-                          prev[0], es[0].offset)
-            prev = (op, es[-1].offset, es[-1].value)
+            first, last = es[0], es[-1]
+            a = pos.get((key, prev[1])) if prev is not None else None
+            b = pos.get((key, first.value))
+            if a is not None and b is not None and b <= a:
+                found.add("nonmonotonic-send", {"process": process, "key": key, "prev_offset": a,
+                                                "next_offset": b, "prev_value": prev[1],
+                                                "next_value": first.value, "ops": [prev[0], op]},
+                          prev[0], b)
+            prev = (op, last.value)
 
 
-def _within_operations(evs: list[Event], log: Log, found: Found) -> None:
-    """The int-* types and precommitted-read: facts inside one operation."""
+def _within_operations(evs: list[Event], ops: list[Operation], log: Log, pos: dict[tuple, int],
+                       found: Found) -> None:
+    """The int-* types and precommitted-read: facts inside one operation, of any outcome."""
+    rebalanced = {o.op: o.rebalanced for o in ops if o.rebalanced}
     reads: dict[tuple, list[Event]] = defaultdict(list)
     sends: dict[tuple, list[Event]] = defaultdict(list)
     sent_by_op: dict[int, set[tuple]] = defaultdict(set)
@@ -361,36 +403,41 @@ def _within_operations(evs: list[Event], log: Log, found: Found) -> None:
             reads[(e.op, e.key)].append(e)
         else:
             sent_by_op[e.op].add((e.key, e.value))
-            if e.type == "ok" and e.offset is not None:
-                sends[(e.op, e.key)].append(e)
+            sends[(e.op, e.key)].append(e)
     for (op, key), es in reads.items():
         es.sort(key=lambda e: e.pos)
-        for prev, e in zip(es, es[1:]):
-            a, b = prev.offset, e.offset
-            if b <= a:
-                found.add("int-nonmonotonic-poll", {"process": e.process, "key": key, "op": op, "prev_offset": a,
-                                                    "next_offset": b, "ops": [op]}, op, b)
-            elif b > a + 1:
-                skipped, n = _skip_fields(log, key, a, b)
-                if n:
-                    found.add("int-poll-skip", {"process": e.process, "key": key, "op": op, "prev_offset": a,
-                                                "next_offset": b, "skipped": skipped, "skipped_count": n,
-                                                "ops": [op]}, op, a)
-        if es[0].type == "ok":
-            own = sent_by_op.get(op, set())
-            for e in es:
-                if (e.key, e.value) in own:
-                    found.add("precommitted-read", {"process": e.process, "key": key, "op": op, "value": e.value,
-                                                    "offset": e.offset, "ops": [op]}, op, e.offset)
+        # A rebalance during the operation may have moved the consumer on this key (Jepsen's
+        # int-poll-skip+nonmonotonic-cases).
+        if key not in rebalanced.get(op, ()):
+            for prev, e in zip(es, es[1:]):
+                a, b = prev.offset, e.offset
+                if b <= a:
+                    found.add("int-nonmonotonic-poll", {"process": e.process, "key": key, "op": op,
+                                                        "prev_offset": a, "next_offset": b, "ops": [op]}, op, b)
+                elif b - a > 1:
+                    skipped, n = _skip_fields(log, key, a, b)
+                    if n:
+                        found.add("int-poll-skip", {"process": e.process, "key": key, "op": op, "prev_offset": a,
+                                                    "next_offset": b, "skipped": skipped, "skipped_count": n,
+                                                    "ops": [op]}, op, a)
+        own = sent_by_op.get(op, set())
+        for e in es:
+            if (e.key, e.value) in own:
+                found.add("precommitted-read", {"process": e.process, "key": key, "op": op, "value": e.value,
+                                                "offset": e.offset, "ops": [op]}, op, e.offset)
+    # Consecutive sends of one operation to a key, by their positions in the version order (Jepsen's
+    # int-send-skip+nonmonotonic-cases); a send whose position is unknown breaks the pair.
     for (op, key), es in sends.items():
         es.sort(key=lambda e: e.pos)
         for prev, e in zip(es, es[1:]):
-            a, b = prev.offset, e.offset
+            a, b = pos.get((key, prev.value)), pos.get((key, e.value))
+            if a is None or b is None:
+                continue
             fields = {"process": e.process, "key": key, "op": op, "prev_offset": a, "next_offset": b,
                       "prev_value": prev.value, "next_value": e.value}
             if b <= a:
                 found.add("int-nonmonotonic-send", {**fields, "ops": [op]}, op, b)
-            elif b > a + 1:
+            elif b - a > 1:
                 skipped, n = _skip_fields(log, key, a, b)
                 if n:
                     found.add("int-send-skip", {**fields, "skipped": skipped, "skipped_count": n, "ops": [op]},
@@ -422,6 +469,11 @@ def _final_logs(evs: list[Event], ops: list[Operation], seeks: list[tuple[str, O
             log.values.setdefault(e.offset, []).append((e.op, e.value))
     for key in known:
         logs.setdefault(key, FinalLog(key, None, ends[key][1] if key in ends else None, known[key] + 1))
+    for o in sorted((o for o in ops if o.final_reads is not None), key=lambda o: o.op):
+        for record in o.final_reads:
+            key = record["key"]
+            logs.setdefault(key, FinalLog(key, None, ends[key][1] if key in ends else None, known.get(key, -1) + 1))
+            logs[key].outcome = record["outcome"]
     return logs
 
 
@@ -453,46 +505,30 @@ def _uncommitted(evs: list[Event], finals: dict[str, FinalLog], found: Found) ->
     return sorted(k for k in ok_keys if k not in finals or finals[k].assign is None or finals[k].read_to == 0)
 
 
-def _dependencies(evs: list[Event]) -> tuple[list[tuple[int, int, str, str]], set[int]]:
-    """result.DEPENDENCIES, over the events: the edges, and the hubs."""
-    first_at: dict[tuple, int] = {}
-    for e in evs:
-        if _in_log(e):
-            k = (e.key, e.value)
-            first_at[k] = min(first_at.get(k, e.offset), e.offset)
+def _dependencies(evs: list[Event], pos: dict[tuple, int]) -> tuple[list[tuple[int, int, str, str]], set[int]]:
+    """result.DEPENDENCIES, over the events: the edges, and the operations they join."""
     writer_of: dict[tuple, set[int]] = defaultdict(set)
     position: dict[tuple, int] = {}  # (key, op) -> position of op's writes in key
     for e in evs:
-        if e.kind == "s" and e.type != "fail" and (e.key, e.value) in first_at:
+        if e.kind == "s" and (e.key, e.value) in pos:
             writer_of[(e.key, e.value)].add(e.op)
-            at = first_at[(e.key, e.value)]
+            at = pos[(e.key, e.value)]
             position[(e.key, e.op)] = min(position.get((e.key, e.op), at), at)
-    keys_written: dict[int, int] = defaultdict(int)
-    for key, op in position:
-        keys_written[op] += 1
-    readers = {e.op for e in evs if e.kind == "r" and e.type == "ok"}
-    hubs = {op for op, n in keys_written.items() if n >= 2 or op in readers}
     by_key: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for (key, op), at in position.items():
         by_key[key].append((at, op))
     edges = set()
-    via: dict[tuple, int | None] = {}
     for key, ws in by_key.items():
         ws.sort()
-        last_hub = None
-        for at, op in ws:
-            if op in hubs:
-                if last_hub is not None and last_hub != op:
-                    edges.add((last_hub, op, "ww", key))
-                last_hub = op
-            via[(key, op)] = last_hub
+        for (_, a), (_, b) in zip(ws, ws[1:]):
+            edges.add((a, b, "ww", key))
     for e in evs:
-        if e.kind == "r" and e.type == "ok" and e.op in hubs:
+        if e.kind == "r":
             for w in writer_of.get((e.key, e.value), ()):
-                src = via[(e.key, w)]
-                if src is not None and src != e.op:
-                    edges.add((src, e.op, "wr", e.key))
-    return sorted(edges), hubs
+                if w != e.op:
+                    edges.add((w, e.op, "wr", e.key))
+    nodes = {op for _, op in position} | {e.op for e in evs if e.kind == "r"}
+    return sorted(edges), nodes
 
 
 def analyse(path: str | Path, limit: int = 32, full_dir: str | Path | None = None) -> Analysis:
@@ -506,13 +542,16 @@ def analyse(path: str | Path, limit: int = 32, full_dir: str | Path | None = Non
         if _in_log(e):
             k = (e.key, e.offset, e.value)
             facts[k] = min(facts.get(k, e.op), e.op)
+    pos: dict[tuple, int] = {}  # the version order: (key, value) -> lowest offset the log holds it at
+    for key, offset, value in facts:
+        pos[(key, value)] = min(pos.get((key, value), offset), offset)
     found = Found()
     finals = _final_logs(evs, ops, seeks)
     _lost_and_unseen(evs, finals, found)
     _duplicate_and_inconsistent(evs, facts, found)
     _unexpected_and_aborted(evs, found)
-    _chains(evs, log, found)
-    _within_operations(evs, log, found)
+    _chains(evs, ops, log, pos, found)
+    _within_operations(evs, ops, log, pos, found)
     unjudged = _uncommitted(evs, finals, found)
 
     notes = list(history.notes)
@@ -532,7 +571,7 @@ def analyse(path: str | Path, limit: int = 32, full_dir: str | Path | None = Non
             tmp = directory / f".{t}.jsonl.tmp"
             tmp.write_text("".join(text + "\n" for _, _, text in sorted(found.rows.get(t, []))))
             tmp.replace(directory / f"{t}.jsonl")
-    edges, hubs = _dependencies(evs)
+    edges, hubs = _dependencies(evs, pos)
     hub_rows = sorted((o.op, o.invoke, str(o.process), o.type) for o in ops if o.op in hubs)
     return Analysis(counts=counts, examples=examples, stats=stats, notes=notes, dependencies=edges, hubs=hub_rows,
                     final_reads=[finals[k].summary() for k in sorted(finals)])

@@ -33,11 +33,11 @@ class Analysis:
     # Sorted (src op, dst op, 'ww' | 'wr', key): the dependency graph the checker
     # searches for G0 and G1c cycles (see DEPENDENCIES).
     dependencies: list[tuple[int, int, str, str]] = field(default_factory=list)
-    # Sorted (op, invoke index, process, type) of every hub (see DEPENDENCIES): what the
-    # process and real-time orders between them are built from.
+    # Sorted (op, invoke index, process, type) of every node of the dependency graph (see
+    # DEPENDENCIES): what the process and real-time orders between them are built from.
     hubs: list[tuple[int, int, str, str]] = field(default_factory=list)
     # Per key, sorted by key, what the final reads showed (see FINAL_READS): dicts with key,
-    # assign, end, read_to, known_end, complete.
+    # assign, end, read_to, known_end, complete, outcome.
     final_reads: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -50,29 +50,30 @@ A key's final log, as both engines derive it:
   (final reads ask the broker for it: history-format.md); absent in histories that do not say;
 - the final reads are complete for the key when the chain read up to the end offset (every
   offset below it), or, where there is no end offset, past every offset any send or poll showed;
-- once complete, a committed write (an acknowledged send, or an indeterminate one of which a
-  value was read) that the final log does not hold at its offset is a lost-write, and a value an
-  ok poll read that the final log does not hold there is an uncommitted-read.
+- once complete, an acknowledged write that the final log does not hold at its offset is a
+  lost-write, and a value an ok poll read that the final log does not hold there is an
+  uncommitted-read;
+- its outcome is what the harness's final reader recorded for the key (the latest `final-reads`
+  operation naming it: reached, unavailable or timeout; null when none does); anything but
+  reached makes the verdict unknown.
 Every key that a client sent to or read from needs complete final reads for the verdict to be
 valid or invalid on its tail; otherwise it is unknown.
 """
 
 DEPENDENCIES = """\
-Dependencies between operations, as both engines derive them:
-- a writer of key k is an operation with a send to k, not failed, whose value
-  the log of k holds; its position in k is the lowest offset at which the log
-  holds any value it sent to k;
-- a hub is a writer of two or more keys, or a writer that also read (one of
-  its ok polls returned records); only hubs can lie on a cycle (a writer of one key that reads
-  nothing is passed through along its key; a poll that writes nothing has
-  no dependency out);
-- ww: per key, each hub to the next hub by position (order: position, then
-  operation): the writes of the first precede the second's in that log;
-- wr: an ok poll of hub R returned (k, v) sent by writer W: from W if W is a
-  hub, else from the last hub at or before W's position in k (its writes
-  precede W's, which R read); none when there is no such hub or it is R.
-Each hub is listed with its invocation's index, its process and its type, so
-that the checker can add process and real-time order between hubs.
+Dependencies between operations, as both engines derive them (Jepsen's Kafka checker:
+`writer-of`, `readers-of`, `ww-graph`, `wr-graph`):
+- the version order of a key: each value's position is the lowest offset at which the log of
+  the key holds it (the log: what polls of any outcome returned, and acknowledged sends);
+- a writer of key k is an operation of any outcome with a send to k whose value has a position;
+  its position in k is the lowest position of the values it sent to k;
+- ww: per key, each writer to the next by position (order: position, then operation);
+- wr: a poll of any outcome (Jepsen's readers-of takes every completion) in operation R returned
+  (k, v), and W sent v to k: from W to R, unless W is R.
+Every operation that writes a value with a position or returned a record is a node (listed in
+`hubs` with its invocation's index, its process and its type, so that the checker adds process and
+real-time order between them): with order edges any such operation can lie on a cycle, a read from
+the future being the shortest (a poll that returned v before v's send was invoked).
 """
 
 

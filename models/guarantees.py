@@ -151,6 +151,33 @@ class Model:
         return "\n".join(lines)
 
 
+def for_history(model: Model, stats: Mapping[str, Any]) -> Model:
+    """`model` with what the history itself shows, whatever the settings or the model's name say
+    (an engine's stats: `by_f`, `mixed`):
+    - processes that subscribe: consumer-order is not claimed (a rebalance moves a consumer);
+    - no operation both sends and polls: atomic-transactions is claimed, since an operation that
+      only sends or only polls is atomic as far as any dependency can tell (a cycle of reads and
+      orders needs an operation that read between its own sends, or sent between its own reads)."""
+    by_f = stats.get("by_f") or {}
+    claims = list(model.claims)
+    changed = False
+    for i, c in enumerate(claims):
+        if c.promise == CONSUMER_ORDER and c.claimed and by_f.get("subscribe", {}).get("invoked"):
+            claims[i] = Claim(CONSUMER_ORDER, False, ("the history's processes subscribe: a rebalance moves a "
+                                                      "consumer's position",))
+            changed = True
+        elif c.promise == ATOMIC_TRANSACTIONS and not c.claimed and stats.get("mixed", 0) == 0:
+            claims[i] = Claim(ATOMIC_TRANSACTIONS, True, ("no operation of the history both sends and polls, so "
+                                                          "each is atomic as far as its dependencies can show",))
+            changed = True
+    if not changed:
+        return model
+    adjusted = Model(model.name, tuple(claims), model.description)
+    if model.claim(CONSUMER_ORDER).claimed and not adjusted.claim(CONSUMER_ORDER).claimed:
+        adjusted = Model(model.name, adjusted.claims, model.description + "; consumers subscribe")
+    return adjusted
+
+
 def _truthy(value: Any) -> bool:
     return str(value).strip().lower() in ("true", "1", "yes")
 

@@ -25,7 +25,8 @@ class Builder:
     lines: list[Op] = field(default_factory=list)
     time: int = 0
     next_process: int = 0
-    counts: dict[str, int] = field(default_factory=lambda: {"ops": 0, "ok": 0, "fail": 0, "info": 0})
+    # `mixed`: client operations that both send and poll (by their mops), as the stats' `mixed`.
+    counts: dict[str, int] = field(default_factory=lambda: {"ops": 0, "ok": 0, "fail": 0, "info": 0, "mixed": 0})
     # Client operations per f: {"invoked": n, "ok": n}, as the stats' `by_f`.
     by_f: dict[str, dict[str, int]] = field(default_factory=dict)
     # What the nemesis' heals that failed said, as the stats' `heal_errors`.
@@ -51,6 +52,10 @@ class Builder:
            completed: bool = True) -> int:
         index = self.line(process, "invoke", f, **invoke)
         if process != "nemesis":
+            mops = (complete or {}).get("mops") if completed and (complete or {}).get("mops") is not None \
+                else invoke.get("mops")
+            fs = {m["f"] for m in mops or []}
+            self.counts["mixed"] += {"send", "poll"} <= fs
             self.counts["ops"] += 1
             self.counts[type_ if completed else "info"] += 1
             by_f = self.by_f.setdefault(f, {"invoked": 0, "ok": 0})
@@ -61,10 +66,12 @@ class Builder:
         return self.line(process, type_, f, **(invoke if complete is None else complete))
 
     def send(self, process: int, sends: list[tuple[str, int, int | None]], type_: str = "ok",
-             f: str = "send", completed: bool = True) -> int:
-        """sends: (key, value, offset); offsets are recorded on ok completions only."""
+             f: str = "send", completed: bool = True, acked: bool | None = None) -> int:
+        """sends: (key, value, offset); offsets are recorded on ok completions, and on others with
+        `acked` (the sends of an info operation that the broker acknowledged)."""
         invoke = [{"f": "send", "key": k, "value": v} for k, v, _ in sends]
-        done = [{"f": "send", "key": k, "value": v, "offset": o if type_ == "ok" else None} for k, v, o in sends]
+        keep = type_ == "ok" if acked is None else acked
+        done = [{"f": "send", "key": k, "value": v, "offset": o if keep else None} for k, v, o in sends]
         return self.op(process, f, type_, {"mops": invoke}, {"mops": done}, completed)
 
     def poll(self, process: int, records: list[tuple[str, int, int]], type_: str = "ok",
