@@ -170,3 +170,40 @@ def names(found_by: str | None = None) -> tuple[str, ...]:
 
 def lookup(name: str) -> AnomalyType | None:
     return BY_NAME.get(name)
+
+# Where each type comes from in Jepsen's Kafka checker (jepsen.tests.kafka, kafka.clj), and where
+# faultline judges differently, why. Held to the registry by tests/test_guarantees.py.
+JEPSEN: dict[str, tuple[str, str]] = {
+    "lost-write": ("lost-write-cases", "also a committed write the complete final log lacks at its offset (a tail cut "
+                                       "after it was read past), which needs the broker's end offsets"),
+    "unseen": ("unseen", "counts acknowledged sends of info operations too (their offsets are recorded)"),
+    "duplicate": ("duplicate-cases", ""),
+    "inconsistent-offsets": ("version-orders (:errors)", ""),
+    "reused-offset": ("-", "faultline's own: an acknowledged offset that holds another value"),
+    "unexpected": ("-", "faultline's own: a value nobody sent (Jepsen throws no-writer-of-value)"),
+    "poll-skip": ("poll-skip+nonmonotonic-cases", "records of a failed poll also move the chain (the consumer "
+                                                  "moved past them); an ok assign with seek_to_beginning naming "
+                                                  "the key rewinds it"),
+    "nonmonotonic-poll": ("poll-skip+nonmonotonic-cases", "as poll-skip"),
+    "nonmonotonic-send": ("nonmonotonic-send-cases", "Jepsen forbids it always; allowed where acknowledged writes "
+                                                     "may be lost, since a lost write's offset taken by a later send "
+                                                     "shows the same way; an assign does not reset a producer"),
+    "uncommitted-read": ("-", "faultline's own: needs the final reads' complete log"),
+    "G1a": ("g1a-cases", "readers of any outcome, not only ok: a failed poll's records are evidence"),
+    "precommitted-read": ("precommitted-read-cases", ""),
+    "int-poll-skip": ("int-poll-skip+nonmonotonic-cases", ""),
+    "int-nonmonotonic-poll": ("int-poll-skip+nonmonotonic-cases", ""),
+    "int-send-skip": ("int-send-skip+nonmonotonic-cases", "Jepsen always allows it; faultline forbids it only under "
+                                                          "a model claiming write isolation"),
+    "int-nonmonotonic-send": ("int-send-skip+nonmonotonic-cases", ""),
+    "G0": ("cycles! (ww-graph)", "Jepsen draws ww edges only with ww-deps; faultline always does, and allows the "
+                                 "cycles that need them unless the model claims write isolation"),
+    "G1c-ww": ("cycles! (ww-graph + wr-graph)", "Jepsen's G1c with ww-deps"),
+    "G1c": ("cycles! (wr-graph)", "allowed where an operation that both sends and polls is not a transaction"),
+    "G0-process": ("cycles! (ww-graph + process)", "as G0"),
+    "G1c-ww-process": ("cycles! (ww-graph + wr-graph + process)", "as G1c-ww"),
+    "G1c-process": ("cycles! (wr-graph + process)", "as G1c"),
+    "G0-realtime": ("cycles! (ww-graph + realtime)", "as G0"),
+    "G1c-ww-realtime": ("cycles! (ww-graph + wr-graph + realtime)", "as G1c-ww"),
+    "G1c-realtime": ("cycles! (wr-graph + realtime)", "as G1c"),
+}

@@ -243,3 +243,16 @@ def test_every_derived_model_judges_every_type_and_says_why(s):
 def test_a_fault_or_a_weaker_setting_never_forbids_more(s, fault, setting):
     weaker = {**s, "nemesis": sorted(set(s["nemesis"]) | {fault}), "broker": {**s["broker"], setting[0]: setting[1]}}
     assert derive(weaker).forbidden <= derive(s).forbidden
+
+
+def test_the_documented_table_is_the_registry_and_names_jepsens_function_for_each_type():
+    from pathlib import Path
+
+    from faultline.models import registry_table
+
+    assert set(registry.JEPSEN) == ALL
+    doc = (Path(__file__).parent.parent / "docs" / "anomalies.md").read_text()
+    start, end = doc.index(registry_table.BEGIN), doc.index(registry_table.END) + len(registry_table.END)
+    assert doc[start:end] == registry_table.markdown(), (
+        "docs/anomalies.md's table differs from the registry: regenerate it with "
+        "`python -m faultline.models.registry_table`")
