@@ -73,8 +73,10 @@ def _nonmonotonic_poll(w):
 
 
 def _nonmonotonic_send(w):
-    return (f"process {_fmt(w, 'process')} sent to {_fmt(w, 'key')} at offset {_fmt(w, 'prev_offset')}, "
-            f"then its later send landed at the lower offset {_fmt(w, 'next_offset')} ({_ops(w.get('ops'))})")
+    # Offsets here are positions in the version order: acknowledged, or where polls returned the value.
+    return (f"process {_fmt(w, 'process')} sent value {_fmt(w, 'prev_value')} to {_fmt(w, 'key')}, which stands at "
+            f"offset {_fmt(w, 'prev_offset')}, then in a later operation value {_fmt(w, 'next_value')}, which "
+            f"stands at offset {_fmt(w, 'next_offset')}, not after it ({_ops(w.get('ops'))})")
 
 
 def _final_log(w) -> str:
@@ -117,15 +119,15 @@ def _int_nonmonotonic_poll(w):
 
 
 def _int_send_skip(w):
-    return (f"one send of process {_fmt(w, 'process')} ({_ops(w.get('ops'))}) wrote values {_fmt(w, 'prev_value')} "
-            f"and {_fmt(w, 'next_value')} to {_fmt(w, 'key')} at offsets {_fmt(w, 'prev_offset')} and "
-            f"{_fmt(w, 'next_offset')}: other writes landed between them")
+    return (f"one operation of process {_fmt(w, 'process')} ({_ops(w.get('ops'))}) sent values "
+            f"{_fmt(w, 'prev_value')} and {_fmt(w, 'next_value')} to {_fmt(w, 'key')}, which stand at offsets "
+            f"{_fmt(w, 'prev_offset')} and {_fmt(w, 'next_offset')}: other writes landed between them")
 
 
 def _int_nonmonotonic_send(w):
-    return (f"one send of process {_fmt(w, 'process')} ({_ops(w.get('ops'))}) wrote value {_fmt(w, 'prev_value')} "
-            f"to {_fmt(w, 'key')} at offset {_fmt(w, 'prev_offset')}, and its later value {_fmt(w, 'next_value')} "
-            f"at the lower offset {_fmt(w, 'next_offset')}")
+    return (f"one operation of process {_fmt(w, 'process')} ({_ops(w.get('ops'))}) sent value "
+            f"{_fmt(w, 'prev_value')} to {_fmt(w, 'key')}, which stands at offset {_fmt(w, 'prev_offset')}, and then "
+            f"value {_fmt(w, 'next_value')}, which stands at offset {_fmt(w, 'next_offset')}, not after it")
 
 
 def _cycle(w):
