@@ -127,12 +127,20 @@ def cmd_repro(args: argparse.Namespace) -> int:
 
 def cmd_explain_model(args: argparse.Namespace) -> int:
     from ..checker.check import locate, model_for
+    from ..history_analysis.reference import operations
+    from ..models.guarantees import for_history
+    from ..models.history import read_history
 
     status = 0
     for path in args.paths:
-        directory, _ = locate(path)
+        directory, history = locate(path)
         try:
             model, note = model_for(directory, args.model)
+            if history.exists():
+                # What the history shows (subscribers, operations that both send and poll) refines
+                # the model exactly as the check does.
+                read = read_history(history)
+                model = for_history(model, operations(read.ops, read.lines)[1])
         except ValueError as exc:
             print(f"faultline check --explain-model {path}: {exc}", file=sys.stderr)
             status = 2

@@ -103,6 +103,15 @@ def test_explain_model_prints_each_type_forbidden_or_allowed_and_why(tmp_path):
     # --model overrides the run's settings
     assert "  FORBIDDEN lost-write: only no-loss rules it out, and the run claims it (because the model named " \
            "exactly-once claims it)" in explain("--model", "exactly-once")
+    # What the history shows refines the model as the check does: its processes subscribe, and no
+    # operation both sends and polls.
+    lines = [{"index": 0, "time": 1, "process": 0, "type": "invoke", "f": "subscribe", "keys": ["t/0"]},
+             {"index": 1, "time": 2, "process": 0, "type": "ok", "f": "subscribe", "keys": ["t/0"]}]
+    (run / "history.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = explain()
+    assert "not claimed consumer-order" in out and "because the history's processes subscribe" in out
+    assert "claimed     atomic-transactions" in out and "no operation of the history both sends and polls" in out
+    assert not (run / "results.json").exists()
 
 
 def test_run_spec_merges_toml_and_flags(tmp_path):
