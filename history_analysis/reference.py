@@ -244,7 +244,8 @@ def _duplicate_and_inconsistent(evs: list[Event], facts: dict[tuple, int], found
 
 
 def _lost_and_unseen(evs: list[Event], finals: dict[str, FinalLog], found: Found) -> None:
-    """lost-write (over acknowledged sends: the committed writes whose offset is known) and unseen."""
+    """lost-write (over acknowledged sends: the committed writes whose offset is known; Jepsen's
+    lost-write-cases) and unseen (Jepsen's unseen)."""
     read = {(e.key, e.value) for e in evs if e.kind == "r"}
     read_ok = {(e.key, e.value) for e in evs if e.kind == "r" and e.type == "ok"}
     ok_reads: dict[str, list[tuple[int, int]]] = defaultdict(list)
@@ -321,6 +322,7 @@ def _unexpected_and_aborted(evs: list[Event], found: Found) -> None:
         found.add("unexpected", {"key": key, "value": value, "offset": first.offset,
                                  "offsets": sorted({e.offset for e in es}), "reads": len(ops),
                                  "ops": ops[:UNEXPECTED_OPS]}, ops[0], value)
+    # G1a (Jepsen's g1a-cases, but over readers of any outcome: a failed poll's records are evidence).
     for (key, value), es in aborted.items():
         first = min(es, key=lambda e: (e.op, e.pos))
         send_op = min(s.op for s in senders[(key, value)])
@@ -420,6 +422,7 @@ def _within_operations(evs: list[Event], ops: list[Operation], log: Log, pos: di
                         found.add("int-poll-skip", {"process": e.process, "key": key, "op": op, "prev_offset": a,
                                                     "next_offset": b, "skipped": skipped, "skipped_count": n,
                                                     "ops": [op]}, op, a)
+        # Jepsen's precommitted-read-cases, over operations of any outcome.
         own = sent_by_op.get(op, set())
         for e in es:
             if (e.key, e.value) in own:
@@ -506,7 +509,8 @@ def _uncommitted(evs: list[Event], finals: dict[str, FinalLog], found: Found) ->
 
 
 def _dependencies(evs: list[Event], pos: dict[tuple, int]) -> tuple[list[tuple[int, int, str, str]], set[int]]:
-    """result.DEPENDENCIES, over the events: the edges, and the operations they join."""
+    """result.DEPENDENCIES, over the events: the edges, and the operations they join (Jepsen's
+    writer-of, readers-of, ww-graph, wr-graph)."""
     writer_of: dict[tuple, set[int]] = defaultdict(set)
     position: dict[tuple, int] = {}  # (key, op) -> position of op's writes in key
     for e in evs:
