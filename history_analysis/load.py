@@ -18,6 +18,8 @@ Out: a `History` with
   invocation's when the completion carries none), `keys`,
   `seek_to_beginning`, `rebalance_log`, `invoke_time`, `time`, `error`, `node`,
   `end_offsets` (the completion's; null for an operation never completed),
+  `final_reads` (the completion's, on a `final-reads` operation: an array of
+  struct key, end (null when unknown), read_to, outcome; null otherwise),
   `assignment` (which assignment of its process the operation ran in: how
   many assign/subscribe operations the process had invoked up to and
   including this one, 0 before the first; a consumer's position is only
@@ -76,6 +78,14 @@ MOP = T.StructType([
     T.StructField("value", T.LongType()),
     T.StructField("offset", T.LongType()),
     T.StructField("records", T.ArrayType(RECORD)),
+    # Why this record was not acknowledged (a send's own error).
+    T.StructField("error", T.StringType()),
+])
+FINAL_READ = T.StructType([
+    T.StructField("key", T.StringType()),
+    T.StructField("end", T.LongType()),
+    T.StructField("read_to", T.LongType()),
+    T.StructField("outcome", T.StringType()),
 ])
 LINE = T.StructType([
     T.StructField("index", T.LongType()),
@@ -94,10 +104,14 @@ LINE = T.StructType([
     T.StructField("node", T.StringType()),
     # On an ok assign of the final reads: where the broker said each key's log ends.
     T.StructField("end_offsets", T.MapType(T.StringType(), T.LongType())),
+    # On the completion of a `final-reads` operation: per key, how the final reader ended.
+    T.StructField("final_reads", T.ArrayType(FINAL_READ)),
+    T.StructField("final", T.BooleanType()),
+    T.StructField("warning", T.StringType()),
     T.StructField("_corrupt", T.StringType()),
 ])
 LINE_COLUMNS = ["line", "index", "time", "process", "type", "f", "mops", "keys", "seek_to_beginning",
-                "rebalance_log", "value", "error", "node", "end_offsets"]
+                "rebalance_log", "value", "error", "node", "end_offsets", "final_reads", "final", "warning"]
 REQUIRED = ("index", "time", "process", "type", "f")
 
 
@@ -173,7 +187,10 @@ def _structurally_bad() -> Column:
               OR (m.f = 'poll' AND exists(coalesce(m.records, array()), r ->
                     r IS NULL OR r.key IS NULL OR r.offset IS NULL OR r.value IS NULL)))))
         OR (f IN ({key_fns}) AND (keys IS NULL OR exists(keys, k -> k IS NULL)))
-        OR (end_offsets IS NOT NULL AND exists(map_values(end_offsets), e -> e IS NULL OR e < 0)),
+        OR (end_offsets IS NOT NULL AND exists(map_values(end_offsets), e -> e IS NULL OR e < 0))
+        OR (final_reads IS NOT NULL AND exists(final_reads, r -> r IS NULL OR r.key IS NULL
+              OR (r.end IS NOT NULL AND r.end < 0) OR r.read_to IS NULL OR r.read_to < 0
+              OR r.outcome IS NULL OR NOT r.outcome IN ('reached', 'unavailable', 'timeout'))),
         true)""")
 
 
@@ -386,6 +403,7 @@ def _validate(spark: SparkSession, path: str, parsed: DataFrame, persisted: list
         "prev_time AS invoke_time", "time", "error", "node", "assignment",
         # The completion's own: an end offset is an answer, never part of a request.
         "end_offsets",
+        "final_reads",
     )
     open_ops = paired.filter("type = 'invoke' AND next_type IS NULL").selectExpr(
         "index AS op", "index AS invoke", "false AS completed", "process", "'info' AS type", "f",
@@ -393,6 +411,7 @@ def _validate(spark: SparkSession, path: str, parsed: DataFrame, persisted: list
         f"CAST({'NULL' if max_time is None else max_time} AS BIGINT) AS time",
         "'never completed: the history ends first' AS error", "node", "assignment",
         "CAST(NULL AS MAP<STRING, BIGINT>) AS end_offsets",
+        "CAST(NULL AS ARRAY<STRUCT<key: STRING, end: BIGINT, read_to: BIGINT, outcome: STRING>>) AS final_reads",
     )
     return History(
         path=path,

@@ -107,6 +107,18 @@ def validate_line(op: Any, fail) -> None:
             if not isinstance(end, int) or isinstance(end, bool) or end < 0:
                 fail(f"end_offsets[{key!r}] is {end!r}, not a non-negative integer "
                      f"(the offset where the key's log ends)")
+    finals = op.get("final_reads")
+    if finals is not None:
+        if not isinstance(finals, list):
+            fail("final_reads must be a list of {key, end, read_to, outcome}")
+        for i, r in enumerate(finals):
+            def nat(v):
+                return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+            if (not isinstance(r, dict) or not isinstance(r.get("key"), str)
+                    or not (r.get("end") is None or nat(r.get("end"))) or not nat(r.get("read_to"))
+                    or r.get("outcome") not in ("reached", "unavailable", "timeout")):
+                fail(f"final_reads[{i}] needs a string key, end (a non-negative integer or null), "
+                     f"read_to (a non-negative integer) and outcome reached, unavailable or timeout")
 
 
 def read_history(path: str | Path) -> ReadResult:

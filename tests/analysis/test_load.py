@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from faultline.history_analysis.load import load_history
-from faultline.history_analysis.reference import operations
 from faultline.models.history import HistoryError, read_history
 
 from .histories import Builder
@@ -216,14 +215,11 @@ def test_assignment_counts_the_assign_and_subscribe_invocations_of_a_process(spa
     b.poll(c, [])                                  # c: 2
     b.poll(p, [("t/0", 0, 1)], completed=False)    # p: 1, never completed
     path = write(tmp_path / "history.jsonl", b.lines)
-    python = read_history(path)
-    expected = {(o.op, str(o.process)): o.assignment for o in operations(python.ops, python.lines)[0]}
-    assert [a for _, a in sorted(expected.items())] == [0, 0, 1, 1, 2, 1, 2, 1]
+    read_history(path)
     history = load_history(spark, str(path))
     try:
-        got = {(r["op"], r["process"]): r["assignment"]
-               for r in history.operations.filter("process != 'nemesis'").collect()}
-        assert got == expected
+        got = sorted((r["op"], r["assignment"]) for r in history.operations.filter("process != 'nemesis'").collect())
+        assert [a for _, a in got] == [0, 0, 1, 1, 2, 1, 2, 1]
     finally:
         history.unpersist()
 
@@ -241,5 +237,27 @@ def test_end_offsets_of_a_completion_are_read_as_a_map(spark, tmp_path):
     try:
         got = [(r["op"], r["end_offsets"]) for r in history.operations.orderBy("op").collect()]
         assert got == [(1, {"t/0": 3, "t/1": 0}), (3, None), (4, None)]
+    finally:
+        history.unpersist()
+
+
+def test_final_reads_of_a_completion_are_a_column_of_operations(spark, tmp_path):
+    # The completion's final_reads (array of struct key, end, read_to, outcome); null elsewhere.
+    b = Builder()
+    c, d = b.process(), b.process()
+    finals = [{"key": "t/0", "end": 3, "read_to": 3, "outcome": "reached"},
+              {"key": "t/1", "end": None, "read_to": 0, "outcome": "unavailable"}]
+    b.op(c, "final-reads", "ok", {"final": True}, {"final": True, "final_reads": finals})
+    b.assign(c, ["t/0"])
+    b.op(d, "final-reads", "ok", {}, completed=False)
+    path = write(tmp_path / "history.jsonl", b.lines)
+    read_history(path)
+    history = load_history(spark, str(path))
+    try:
+        got = [(r["op"], r["final_reads"]) for r in history.operations.orderBy("op").collect()]
+        assert [(op, None if f is None else [x.asDict() for x in f]) for op, f in got] == \
+            [(1, finals), (3, None), (4, None)]
+        assert history.operations.schema["final_reads"].dataType.simpleString() == \
+            "array<struct<key:string,end:bigint,read_to:bigint,outcome:string>>"
     finally:
         history.unpersist()
