@@ -59,6 +59,13 @@ class TestSpec:
     nemesis_interval: float = 10.0
     # Seconds each broker node's wall clock runs off by from its start (libfaketime), by node name.
     clock_offsets: dict[str, int] = field(default_factory=dict)
+    # Apache Kafka (broker = "kafka"): the version resolved from Maven Central, KRaft or ZooKeeper
+    # (3.x only), controller-only nodes (0: the first brokers are combined controller+broker
+    # nodes), and feature levels given to Kafka's storage tool at format time (KRaft).
+    kafka_version: str = "4.3.1"
+    kafka_mode: str = "kraft"
+    kafka_controllers: int = 0
+    kafka_features: dict[str, str] = field(default_factory=dict)
     store: str = "store"
     spark_master: str = "local[2]"
     model: str | None = None
@@ -81,9 +88,10 @@ class TestSpec:
         need(self.nemesis_interval > 0, "nemesis-interval must be a positive number of seconds")
         rf = self.effective_replication_factor
         need(1 <= rf <= self.nodes, f"replication-factor={rf} needs that many nodes; nodes={self.nodes}")
+        self._validate_kafka(need)
         zk = self.effective_zookeeper_nodes
         need(zk >= 0, f"zookeeper-nodes={zk}: give 0 (a standalone broker) or more")
-        need(zk >= 1 or self.nodes == 1,
+        need(zk >= 1 or self.nodes == 1 or (self.broker == "kafka" and self.kafka_mode == "kraft"),
              f"nodes={self.nodes} with zookeeper-nodes=0: brokers form a cluster through ZooKeeper; "
              f"give --zookeeper-nodes 1 or more")
         need(zk % 2 == 1 or zk == 0,
@@ -96,6 +104,31 @@ class TestSpec:
             need(isinstance(seconds, int) and not isinstance(seconds, bool),
                  f"clock offset for {node}: {seconds!r} is not a whole number of seconds (write {node}=-30)")
 
+    def _validate_kafka(self, need) -> None:
+        default = TestSpec.__dataclass_fields__
+        if self.broker != "kafka":
+            changed = [f"--{name.replace('_', '-')}" for name in ("kafka_version", "kafka_mode", "kafka_controllers")
+                       if getattr(self, name) != default[name].default] + (["--kafka-feature"] if self.kafka_features
+                                                                            else [])
+            need(not changed, f"{', '.join(changed)} apply to Apache Kafka only; add --db kafka")
+            return
+        need(self.kafka_mode in ("kraft", "zookeeper"),
+             f"kafka-mode={self.kafka_mode!r}: choose kraft or zookeeper")
+        major = self.kafka_version.split(".")[0]
+        need(major.isdigit(), f"kafka-version={self.kafka_version!r}: give a version such as 4.3.1 or 3.9.1")
+        need(self.kafka_mode == "kraft" or int(major) < 4,
+             f"kafka-mode=zookeeper: Kafka {self.kafka_version} has no ZooKeeper mode (3.9 is the last "
+             f"with it); use --kafka-version 3.9.1 or KRaft")
+        need(isinstance(self.kafka_controllers, int) and self.kafka_controllers >= 0,
+             f"kafka-controllers={self.kafka_controllers!r}: give 0 (combined nodes) or more")
+        need(self.kafka_mode == "kraft" or (self.kafka_controllers == 0 and not self.kafka_features),
+             "--kafka-controllers and --kafka-feature are KRaft's; drop them, or --kafka-mode zookeeper")
+        need(self.kafka_mode == "zookeeper" or not self.zookeeper_nodes,
+             f"zookeeper-nodes={self.zookeeper_nodes}: Kafka in KRaft mode runs no ZooKeeper; "
+             f"give --kafka-mode zookeeper (Kafka 3.x) to run it on ZooKeeper")
+        for name, level in self.kafka_features.items():
+            need(str(level).isdigit(), f"--kafka-feature {name}={level}: a feature level is a whole number")
+
     @property
     def effective_replication_factor(self) -> int:
         return self.replication_factor if self.replication_factor is not None else min(3, self.nodes)
@@ -105,6 +138,8 @@ class TestSpec:
         """ZooKeeper servers: by default one for a cluster, none for a single standalone broker."""
         if self.zookeeper_nodes is not None:
             return self.zookeeper_nodes
+        if self.broker == "kafka" and self.kafka_mode == "kraft":
+            return 0  # KRaft keeps the metadata in Kafka's own quorum
         return 0 if self.nodes == 1 else 1
 
     def with_seed(self) -> "TestSpec":

@@ -31,6 +31,8 @@ examples:
   faultline run --producer acks=0 --producer enable.idempotence=false --nemesis kill --nemesis-interval 5
   faultline run --config my-test.toml            # the same names as the flags, e.g. rate = 50
   faultline run --nodes 3 --nemesis kill-leader,partition --broker-set min.insync.replicas=2
+  faultline run --db kafka --nodes 3 --nemesis partition,kill,pause --broker-set min.insync.replicas=2
+  faultline run --db kafka --kafka-version 3.9.1 --kafka-mode zookeeper --nodes 3 --nemesis kill-controller
 
 The run's files go to store/<name>/<timestamp>/ (store/latest points at the
 newest): test.json, history.jsonl, results.json, nodes/<node>/broker.log.
@@ -78,7 +80,23 @@ def _spec_from_args(args: argparse.Namespace):
                             f"--clock-offset {node}=-30") from None
     if offsets:
         fields["clock_offsets"] = offsets
+    _kafka_fields(args, fields)
     return TestSpec(**fields, producer=producer, consumer=consumer, broker_settings=broker)
+
+
+def _kafka_fields(args: argparse.Namespace, fields: dict) -> None:
+    """--db and the Apache Kafka flags into spec fields (flags over the TOML file's)."""
+    from ..models.spec import parse_settings
+
+    if args.db is not None:
+        fields["broker"] = args.db
+    for name in ("kafka_version", "kafka_mode", "kafka_controllers"):
+        if getattr(args, name) is not None:
+            fields[name] = getattr(args, name)
+    features = {k: str(v) for k, v in fields.pop("kafka_features", {}).items()}
+    features.update(parse_settings(args.kafka_feature, "--kafka-feature"))
+    if features:
+        fields["kafka_features"] = features
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -186,11 +204,29 @@ def build_parser() -> argparse.ArgumentParser:
                          epilog=RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("--config", metavar="FILE", help="a TOML file of spec fields (flags override it)")
     run.add_argument("--name", help="test name, the store subfolder (default queue)")
+    run.add_argument("--db", metavar="NAME", help="the system under test: reference (default: faultline's own "
+                     "broker) or kafka (Apache Kafka from its own jars, resolved once per version from Maven "
+                     "Central into ~/.cache/faultline/kafka/)")
     run.add_argument("--nodes", type=int, help="broker nodes (default 1: one standalone broker; with more, "
-                     "the brokers form a replicated cluster through ZooKeeper)")
+                     "the brokers form a replicated cluster through ZooKeeper, or with --db kafka through "
+                     "KRaft)")
     run.add_argument("--zookeeper-nodes", type=int, metavar="N",
                      help="ZooKeeper servers, each on its own node (default 1 when --nodes > 1, else 0); "
                      "3 or 5 form an ensemble")
+    kafka = run.add_argument_group("Apache Kafka (--db kafka)")
+    kafka.add_argument("--kafka-version", metavar="VERSION",
+                       help="Kafka version as Maven Central serves org.apache.kafka:kafka_2.13 (default 4.3.1; "
+                            "tested 4.3.1 and 3.9.1); resolved on first use with mvn, then cached")
+    kafka.add_argument("--kafka-mode", choices=("kraft", "zookeeper"),
+                       help="kraft (default): the metadata in Kafka's own controller quorum; zookeeper (Kafka "
+                            "3.x only): the brokers on the run's ZooKeeper (--zookeeper-nodes, default 1)")
+    kafka.add_argument("--kafka-controllers", type=int, metavar="N",
+                       help="KRaft: N controller-only nodes c1..cN (default 0: the first 3 brokers, or 1 when "
+                            "fewer than 3, are combined controller+broker nodes)")
+    kafka.add_argument("--kafka-feature", action="append", default=[], metavar="NAME=LEVEL",
+                       help="KRaft: a feature level given to Kafka's storage tool at format time, e.g. "
+                            "eligible.leader.replicas.version=0 or transaction.version=1 (repeatable; "
+                            "recorded in test.json)")
     run.add_argument("--time-limit", type=float, metavar="S", help="seconds of the main phase (default 30)")
     run.add_argument("--final-time-limit", type=float, metavar="S",
                      help="seconds the final reads may take (default 30)")
@@ -205,7 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--consumer", action="append", default=[], metavar="KEY=VALUE",
                      help="librdkafka consumer setting, e.g. isolation.level=read_committed (repeatable)")
     run.add_argument("--broker-set", action="append", default=[], metavar="KEY=VALUE",
-                     help="broker setting, e.g. log.flush.interval.messages=1 (repeatable)")
+                     help="broker setting, e.g. log.flush.interval.messages=1 (repeatable); with --db kafka "
+                          "any Kafka server.properties setting, passed through unchanged")
     run.add_argument("--nemesis", metavar="KINDS", help="comma-separated faults (default none): " + "; ".join(
                      f"{k}: {v}" for k, v in nemesis_catalog.KINDS.items()))
     run.add_argument("--nemesis-interval", type=float, metavar="S", help="mean seconds between faults (default 10)")
