@@ -10,9 +10,10 @@ Out: an `Analysis`:
 - `examples`: type -> at most `limit` witnesses, ordered by the smallest op
   index in their `ops`, then key, then offset or value, then the witness
   text (deterministic);
-- `stats`: {"ops", "ok", "fail", "info"} over client operations only (the
-  nemesis is not counted): `ops` operations invoked, and how they ended (an
-  operation the history never completed counts as `info`); `by_f` (when
+- `stats`: {"ops", "ok", "fail", "info", "mixed"} over client operations
+  only (the nemesis is not counted): `ops` operations invoked, and how they
+  ended (an operation the history never completed counts as `info`);
+  `mixed`, the operations whose mops both send and poll; `by_f` (when
   there is a client operation): f -> {"invoked", "ok"}, the same counts per
   f; `heal_errors` (when there is one): [{"op" (the invocation's index),
   "error"}] for each `heal` of the nemesis whose completion line carries an
@@ -20,8 +21,8 @@ Out: an `Analysis`:
 - `notes`: what was tolerated or could not be judged;
 - `dependencies`, `hubs`: see result.DEPENDENCIES;
 - `final_reads`: per key, sorted by key, its final log (result.FINAL_READS):
-  {key, assign, end, read_to, known_end, complete}, for every key with a
-  final chain or any evidence in its log.
+  {key, assign, end, read_to, known_end, complete, outcome}, for every key
+  with a final chain, any evidence in its log, or a final-reads record.
 With `full_dir`, every witness of every type computed here is written to
 `full_dir/<type>.jsonl`, one JSON object a line, in the same order (an empty
 file for a type not found, so a re-check never leaves stale witnesses).
@@ -50,12 +51,21 @@ ends before completing), and `process` is an integer. Fields per type:
 - unexpected (one per key and value): key, value, offset (where the first
   poll returned it), offsets, reads (number of polls that returned it),
   ops (the first 16 of them);
+- int-poll-skip, int-nonmonotonic-poll: process, key, op, prev_offset,
+  next_offset (consecutive records of the key in the op), [skipped,
+  skipped_count,] ops = [op];
+- int-send-skip, int-nonmonotonic-send: process, key, op, prev_offset,
+  next_offset (positions in the version order), prev_value, next_value,
+  [skipped, skipped_count,] ops = [op];
+- G1a: key, value, offset, send_op, read_op, reads, ops = [send_op, read_op];
+- precommitted-read: process, key, op, value, offset, ops = [op];
 - poll-skip: process, key, prev_offset (last offset of the earlier poll),
   next_offset (first of the later one), skipped (the first few offsets known
   to exist between them), skipped_count, ops = [earlier poll, later poll];
 - nonmonotonic-poll: process, key, prev_offset, next_offset, ops;
-- nonmonotonic-send: process, key, prev_offset, next_offset, prev_value,
-  next_value, ops = [earlier send, later send];
+- nonmonotonic-send: process, key, prev_offset, next_offset (positions in
+  the version order), prev_value, next_value, ops = [earlier send, later
+  send];
 - uncommitted-read (one per key, offset and value read): key, offset,
   value, final_value (null: the final log
   holds nothing there), final_op (the final-chain poll that read the
@@ -65,39 +75,57 @@ ends before completing), and `process` is an integer. Fields per type:
   the final chain read), ops = [the first poll that read value at offset,
   final_op or final_assign].
 
-Definitions (shared/anomalies.md, made precise):
+Definitions (shared/anomalies.md, made precise; reference.py is the oracle):
+- acknowledged: a send micro-operation with an offset whose operation is
+  `ok`, or `info` with f `send` (a plain send keeps the offsets its records
+  got), or `info` and took effect (any of its values was returned by any
+  poll); a `fail` operation's offsets are never in the log;
 - the log of a key: (offset, value) from records of polls of any completion
-  type and from `ok` sends carrying an offset;
-- committed: values of `ok` sends and txns; and all values of an `info` one
-  when any of its values was returned by any poll (then it took effect);
-- lost-write: a committed value with a known offset o that no poll returned,
-  while some `ok` poll returned an offset > o of its key; or else (once per
-  key and value, at its first send) one that the final log of its key,
-  complete and with a known end, does not hold at o;
-- unseen: values of `ok` sends that no `ok` poll returned;
+  type and from acknowledged sends; the version order: a value's position is
+  the lowest offset at which the log of its key holds it (null: nowhere);
+- lost-write: an acknowledged value that no poll returned, while some `ok`
+  poll returned an offset > its offset o; or else (once per key and value,
+  at its first send) one that the final log of its key, complete and with a
+  known end, does not hold at o;
+- unseen: values of acknowledged sends, and of `ok` sends without offset,
+  that no `ok` poll returned;
 - duplicate: a value at two or more offsets of a key; inconsistent-offsets:
   an offset of a key at which polls returned two or more values;
   reused-offset: a value acknowledged at an offset where no poll returned
   it, while the log holds another value there (read or acknowledged);
   unexpected: a value a poll returned that no send (of any outcome,
   invocations included) sent to that key;
+- G1a: a value a poll of any outcome returned whose every send failed;
+  precommitted-read: an operation of any outcome polled a value it sent;
 - poll-skip / nonmonotonic-poll: consecutive polls (of any outcome: the
   records a poll returned moved the consumer past them) of one process that
-  returned records of a key, with no assign/subscribe (of any outcome) of
-  that process between them; a = last offset of the earlier, b = first of
-  the later: nonmonotonic if b <= a, skip if the log holds an offset in (a, b);
-- nonmonotonic-send: consecutive `ok` sends of one process to a key with
-  offsets: the later one's first offset is below the earlier one's last;
+  returned records of a key, in one chain epoch: the epoch counts the `ok`
+  assign/subscribe operations of the process before the poll that dropped
+  the key or (an assign with seek_to_beginning) rewound it; a = last offset
+  of the earlier, b = first of the later: nonmonotonic if b <= a, skip if
+  the log holds an offset in (a, b);
+- int-poll-skip / int-nonmonotonic-poll: the same between consecutive
+  records of a key inside one operation, unless a rebalance during the
+  operation (its rebalance_log) named the key;
+- int-send-skip / int-nonmonotonic-send: consecutive sends of one operation
+  (any outcome) to a key whose values both have a position, a and b:
+  nonmonotonic if b <= a, skip if the log holds an offset in (a, b);
+- nonmonotonic-send: per process and key, its `ok` and `info` operations
+  sending to the key in order: the earlier one's last value and the later
+  one's first both have a position, and the later position is not above;
 - the final log of a key (result.FINAL_READS): what its final chain returned
   (the last `ok` assign with seek_to_beginning naming it, then that
   process's later polls of it, of any outcome), its end (the latest `ok`
-  `end_offsets` entry for it), and whether it is complete;
+  `end_offsets` entry for it), whether it is complete, and the outcome the
+  latest completed `final-reads` operation recorded for it;
 - uncommitted-read: an `ok` poll's (offset, value) is uncommitted when the
   final log holds other values there, or nothing while the final chain read
   a higher offset, or nothing at or beyond the end of a complete final log.
   A key that an `ok` poll read and no final chain read cannot be judged (a
   note says so).
 Within one operation, records are in the order returned (mops, then records).
+Offsets are compared without arithmetic that could overflow at the ends of
+64 bits; read_to and known_end, one past an offset, are decimals.
 """
 
 from __future__ import annotations
@@ -124,50 +152,146 @@ _FINAL = "_final"
 _BY_F = "_by_f"
 _HEAL = "_heal"
 _INTERNAL = (_FINAL, _BY_F, _HEAL)
+# A final-reads record's outcome travels in an event's `value` as its 1-based place here.
+_OUTCOMES = ("reached", "unavailable", "timeout")
+_OUTCOME_ARRAY = "array(" + ", ".join(f"'{o}'" for o in _OUTCOMES) + ")"
 
 
 def _events(history: History) -> DataFrame:
-    """Every fact about a key, one row each, hash-partitioned by key.
+    """Every fact about a key, one row each, hash-partitioned by key (not persisted: `_facts`
+    reads it once).
 
     kind 'r': a record a poll returned; 's': a send micro-operation (of any
     outcome; offset as acknowledged, if any); 'a': an `ok` assign with
     seek_to_beginning naming the key; 'e': an `ok` operation's `end_offsets`
-    entry for the key (offset: where the broker said its log ends). Columns:
-    key, kind, op, process, assignment, type (of the operation), completed,
-    offset, value, pos (order within the operation), mixed (the operation
-    both sends and polls).
+    entry for the key (offset: where the broker said its log ends); 'f': a
+    record of a completed `final-reads` operation naming the key (value: the
+    1-based place of its outcome in _OUTCOMES; pos: its place in the
+    record). Columns: key, kind, op, invoke, process, type (of the
+    operation), completed, offset, value, pos (order within the operation),
+    plain (the operation's f is `send`), mixed (it both sends and polls),
+    moved (a record of a key that a rebalance during the operation named).
     Every anomaly below is a per-key question, so after this one shuffle the
     queries run with windows and aggregates inside the partitions: no
     further exchange (Spark accepts a key partitioning for any grouping that
     includes the key).
     """
     ops = history.operations.filter("process != 'nemesis'")
-    per_mop = ops.selectExpr("op", "process", "assignment", "type", "completed",
-                             "exists(mops, m -> m.f = 'send') AND exists(mops, m -> m.f = 'poll') AS mixed",
-                             "posexplode(mops) AS (mpos, mop)")
-    mop_events = per_mop.selectExpr("op", "process", "assignment", "type", "completed", "mixed", """explode(
+    common = ["op", "invoke", "process", "type", "completed"]
+    per_mop = ops.selectExpr(
+        *common, "f = 'send' AS plain",
+        "coalesce(exists(mops, m -> m.f = 'send') AND exists(mops, m -> m.f = 'poll'), false) AS mixed",
+        "flatten(transform(coalesce(rebalance_log, array()), e -> coalesce(e.keys, array()))) AS moved_keys",
+        "posexplode(mops) AS (mpos, mop)")
+    mop_events = per_mop.selectExpr(*common, "plain", "mixed", """explode(
         CASE WHEN mop.f = 'poll'
         THEN transform(coalesce(mop.records, array()), (r, i) -> named_struct(
             'key', r.key, 'kind', 'r', 'offset', r.offset, 'value', r.value,
-            'pos', CAST(mpos AS LONG) * 4294967296 + i))
+            'pos', CAST(mpos AS LONG) * 4294967296 + i, 'moved', coalesce(array_contains(moved_keys, r.key), false)))
         ELSE array(named_struct('key', mop.key, 'kind', 's', 'offset', mop.offset, 'value', mop.value,
-            'pos', CAST(mpos AS LONG)))
-        END) AS e""").selectExpr("e.key AS key", "e.kind AS kind", "op", "process", "assignment", "type",
-                                 "completed", "e.offset AS offset", "e.value AS value", "e.pos AS pos", "mixed")
-    rest = ["op", "process", "assignment", "type", "completed", "CAST(0 AS LONG) AS pos", "false AS mixed"]
+            'pos', CAST(mpos AS LONG), 'moved', false))
+        END) AS e""").selectExpr("e.key AS key", "e.kind AS kind", *common, "e.offset AS offset",
+                                 "e.value AS value", "e.pos AS pos", "plain", "mixed", "e.moved AS moved")
+    rest = [*common, "false AS plain", "false AS mixed", "false AS moved"]
     seeks = (ops.filter("type = 'ok' AND f = 'assign' AND seek_to_beginning")
              .selectExpr("explode(array_distinct(keys)) AS key", "'a' AS kind", "CAST(NULL AS LONG) AS offset",
-                         "CAST(NULL AS LONG) AS value", *rest))
+                         "CAST(NULL AS LONG) AS value", "CAST(0 AS LONG) AS pos", *rest))
     ends = (ops.filter("type = 'ok' AND end_offsets IS NOT NULL")
-            .selectExpr("explode(end_offsets) AS (key, offset)", "'e' AS kind", "CAST(NULL AS LONG) AS value", *rest))
-    # Persisted, so that every query reads the one shuffle (their column
-    # pruning differs, which would otherwise give each its own exchange).
-    return (mop_events.unionByName(seeks).unionByName(ends).repartition("key")
-            .persist(StorageLevel.MEMORY_AND_DISK))
+            .selectExpr("explode(end_offsets) AS (key, offset)", "'e' AS kind", "CAST(NULL AS LONG) AS value",
+                        "CAST(0 AS LONG) AS pos", *rest))
+    parts = [mop_events, seeks, ends]
+    if "final_reads" in history.operations.columns:
+        parts.append(
+            ops.filter("f = 'final-reads' AND completed AND final_reads IS NOT NULL")
+            .selectExpr("posexplode(final_reads) AS (i, r)", *rest)
+            .selectExpr("r.key AS key", "'f' AS kind", "CAST(NULL AS LONG) AS offset",
+                        f"CAST(array_position({_OUTCOME_ARRAY}, r.outcome) AS LONG) AS value",
+                        "CAST(i AS LONG) AS pos", *[c.split(" AS ")[-1] for c in rest]))
+    return reduce(DataFrame.unionByName, parts).repartition("key")
 
 
-# The log of a key: what polls of any outcome returned, and acknowledged offsets.
-_LOG = "kind = 'r' OR (kind = 's' AND type = 'ok' AND offset IS NOT NULL)"
+def _took_effect(history: History) -> DataFrame:
+    """The `info` operations, other than plain sends, that sent a value with an offset and took
+    effect (a poll returned one of their values): column op, small enough to broadcast.
+
+    Asked of the operations (not the events, so that the events are shuffled once): the few
+    candidates are broadcast, and the records of every poll are looked up in them."""
+    ops = history.operations.filter("process != 'nemesis'")
+    candidates = (ops.filter("type = 'info' AND f != 'send' "
+                             "AND exists(mops, m -> m.f = 'send' AND m.offset IS NOT NULL)")
+                  .selectExpr("op AS writer", "explode(filter(mops, m -> m.f = 'send')) AS m")
+                  .selectExpr("writer", "m.key AS key", "m.value AS value"))
+    records = (ops.filter("exists(mops, m -> m.f = 'poll')")
+               .selectExpr("explode(flatten(transform(filter(mops, m -> m.f = 'poll'), "
+                           "m -> coalesce(m.records, array())))) AS r")
+               .selectExpr("r.key AS key", "r.value AS value"))
+    return (records.join(F.broadcast(candidates), ["key", "value"]).selectExpr("writer AS op").distinct()
+            .selectExpr("op", "true AS took_effect"))
+
+
+# The log of a key: what polls of any outcome returned, and acknowledged sends.
+_LOG = "(kind = 'r' OR acked)"
+# One past the highest offset the final chain read (0 if none), and past every offset the log
+# holds: decimals, since one past the highest long is not a long.
+_READ_TO = "greatest(CAST(read_max AS DECIMAL(20, 0)) + 1, 0)"
+_KNOWN_END = "(coalesce(CAST(known AS DECIMAL(20, 0)), -1) + 1)"
+
+
+def _facts(history: History) -> DataFrame:
+    """The events (`_events`), each with what the rules ask of its key, offset and value; persisted.
+
+    Added columns: `acked` (an acknowledged send), `lo` (the offset, for a row in the log);
+    per key: `known` (the highest offset of the log), `start` ((op, process) of the last ok
+    assign with seek_to_beginning naming it), `final_end` (the latest ok `end_offsets` entry
+    for it), `read_max` (the highest offset the final chain read), `complete`; per row of the
+    log: `rank` (of its offset among the log's distinct offsets, highest first) and `nexts`
+    (the next SKIPPED_SHOWN distinct offsets of the log above it); `final` (a record of the
+    final chain); per key and offset: `fvalues`, `ffirst` (the values the final chain read
+    there, and its first read (op, value)); per key and value: `was_sent`, `was_read`,
+    `was_read_ok`, `sent_not_failed`, `send_op` (its first sender) and, on a send, `at`
+    (offset, rank, nexts) of the value's position in the version order (null: unknown).
+
+    Three sorts inside the key partitions: by offset of the log (descending), by rank, by value.
+    """
+    events = (_events(history).join(F.broadcast(_took_effect(history)), "op", "left")
+              .selectExpr("*", "kind = 's' AND offset IS NOT NULL AND (type = 'ok' OR (type = 'info' "
+                               "AND (plain OR coalesce(took_effect, false)))) AS acked")
+              .drop("took_effect", "plain"))
+    whole = "ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING"
+    desc = "PARTITION BY key ORDER BY lo DESC NULLS LAST"
+    by_rank = "PARTITION BY key ORDER BY rank"
+    # The i-th distinct offset above a row's: the offset of rank - i (ranks are small numbers,
+    # so the frame's bounds cannot overflow as offsets near the ends of 64 bits would).
+    nexts = ", ".join(f"min(lo) OVER ({by_rank} RANGE BETWEEN {i} PRECEDING AND {i} PRECEDING)"
+                      for i in range(1, SKIPPED_SHOWN + 1))
+    by_value = "OVER (PARTITION BY key, value)"
+    return (
+        events.selectExpr("*", f"CASE WHEN {_LOG} THEN offset END AS lo")
+        .selectExpr(
+            "*", f"CASE WHEN lo IS NOT NULL THEN dense_rank() OVER ({desc}) END AS rank",
+            f"max(lo) OVER ({desc} {whole}) AS known",
+            f"max(CASE WHEN kind = 'a' THEN struct(op, process) END) OVER ({desc} {whole}) AS start",
+            f"max(CASE WHEN kind = 'e' THEN struct(op, offset) END) OVER ({desc} {whole}) AS end_at")
+        .selectExpr("*", "end_at.offset AS final_end",
+                    "coalesce(kind = 'r' AND process = start.process AND op > start.op, false) AS final")
+        .drop("end_at")
+        # The final chain's records are in the log: per offset, they share a rank.
+        .selectExpr("*", f"array({nexts}) AS nexts",
+                    f"max(CASE WHEN final THEN offset END) OVER ({by_rank} {whole}) AS read_max",
+                    "collect_set(CASE WHEN final THEN value END) OVER (PARTITION BY key, rank) AS fvalues",
+                    "min(CASE WHEN final THEN struct(op, value) END) OVER (PARTITION BY key, rank) AS ffirst")
+        .selectExpr("*", f"start IS NOT NULL AND {_READ_TO} >= coalesce(final_end, {_KNOWN_END}) AS complete")
+        .selectExpr(
+            "*",
+            f"max(kind = 's') {by_value} AS was_sent",
+            f"max(kind = 'r') {by_value} AS was_read",
+            f"max(kind = 'r' AND type = 'ok') {by_value} AS was_read_ok",
+            f"max(kind = 's' AND type != 'fail') {by_value} AS sent_not_failed",
+            f"min(CASE WHEN kind = 's' THEN op END) {by_value} AS send_op",
+            f"CASE WHEN kind = 's' THEN min(CASE WHEN lo IS NOT NULL THEN struct(lo AS offset, rank, nexts) END) "
+            f"{by_value} END AS at")
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )
 
 
 def _witness(kind: str, df: DataFrame, fields: str, s1: str, s3: str, weight: str = "1") -> DataFrame:
@@ -179,21 +303,9 @@ def _witness(kind: str, df: DataFrame, fields: str, s1: str, s3: str, weight: st
     )
 
 
-def _value_flags(events: DataFrame) -> DataFrame:
-    """Sends and reads, each marked with what happened to its (key, value) anywhere in the history."""
-    return events.filter("kind IN ('r', 's')").selectExpr(
-        "*",
-        "max(kind = 's') OVER (PARTITION BY key, value) AS was_sent",
-        "max(kind = 'r') OVER (PARTITION BY key, value) AS was_read",
-        "max(kind = 'r' AND type = 'ok') OVER (PARTITION BY key, value) AS was_read_ok",
-        "max(kind = 's' AND type != 'fail') OVER (PARTITION BY key, value) AS sent_not_failed",
-        "min(CASE WHEN kind = 's' THEN op END) OVER (PARTITION BY key, value) AS send_op",
-    )
-
-
-def _aborted_read(flags: DataFrame) -> DataFrame:
-    """G1a: values an ok poll returned whose every send failed."""
-    rows = (flags.filter("kind = 'r' AND type = 'ok' AND was_sent AND NOT sent_not_failed")
+def _aborted_read(facts: DataFrame) -> DataFrame:
+    """G1a: values a poll of any outcome returned whose every send failed."""
+    rows = (facts.filter("kind = 'r' AND was_sent AND NOT sent_not_failed")
             .groupBy("key", "value")
             .agg(F.min_by("offset", F.struct("op", "pos")).alias("offset"), F.min("op").alias("read_op"),
                  F.size(F.collect_set("op")).alias("reads"), F.first("send_op").alias("send_op")))
@@ -203,37 +315,37 @@ def _aborted_read(flags: DataFrame) -> DataFrame:
                     "least(send_op, read_op)", "value")
 
 
-def _precommitted_read(events: DataFrame) -> DataFrame:
-    """An ok operation's poll returned a value that the same operation sent."""
+def _precommitted_read(facts: DataFrame) -> DataFrame:
+    """An operation of any outcome whose poll returned a value that the same operation sent."""
     # Only an operation that both sends and polls can; the filter spares the window a sort of every event.
-    rows = (events.filter("mixed AND kind IN ('r', 's')")
+    rows = (facts.filter("mixed AND kind IN ('r', 's')")
             .selectExpr("*", "max(kind = 's') OVER (PARTITION BY key, value, op) AS own")
-            .filter("kind = 'r' AND type = 'ok' AND own"))
+            .filter("kind = 'r' AND own"))
     return _witness("precommitted-read", rows,
                     "'process', CAST(process AS LONG), 'key', key, 'op', op, 'value', value, 'offset', offset, "
                     "'ops', array(op)",
                     "op", "offset")
 
 
-def _duplicate_and_inconsistent(events: DataFrame) -> list[DataFrame]:
+def _duplicate_and_inconsistent(facts: DataFrame) -> list[DataFrame]:
     """duplicate, inconsistent-offsets (polls returned two values at one offset) and reused-offset
     (an offset acknowledged for a value that no poll returned there holds another value)."""
     # One row per fact "offset o of key k held value v", with the first op showing it, the first
-    # poll that returned it and the first ok send acknowledged with it.
-    facts = (events.filter(_LOG).groupBy("key", "offset", "value")
-             .agg(F.min("op").alias("op"), F.min(F.when(F.col("kind") == "r", F.col("op"))).alias("read_op"),
-                  F.min(F.when(F.col("kind") == "s", F.col("op"))).alias("send_op")))
-    dup = (facts.groupBy("key", "value")
+    # poll that returned it and the first acknowledged send of it there.
+    held = (facts.filter(_LOG).groupBy("key", "offset", "value")
+            .agg(F.min("op").alias("op"), F.min(F.when(F.col("kind") == "r", F.col("op"))).alias("read_op"),
+                 F.min(F.when(F.col("kind") == "s", F.col("op"))).alias("send_op")))
+    dup = (held.groupBy("key", "value")
            .agg(F.count(F.lit(1)).alias("n"), F.array_sort(F.collect_list(F.struct("offset", "op"))).alias("e"))
            .filter("n >= 2"))
-    inc = (facts.filter("read_op IS NOT NULL").groupBy("key", "offset")
+    inc = (held.filter("read_op IS NOT NULL").groupBy("key", "offset")
            .agg(F.count(F.lit(1)).alias("n"),
                 F.array_sort(F.collect_list(F.struct("value", F.col("read_op").alias("op")))).alias("e"))
            .filter("n >= 2"))
     # What else the offset holds, each value named by the first poll that returned it, or else by
     # its first acknowledgement; the earliest of those other than the acknowledged value itself.
-    reused = (facts.selectExpr("*", "array_sort(collect_list(struct(coalesce(read_op, send_op) AS op, value)) "
-                                    "OVER (PARTITION BY key, offset)) AS there")
+    reused = (held.selectExpr("*", "array_sort(collect_list(struct(coalesce(read_op, send_op) AS op, value)) "
+                                   "OVER (PARTITION BY key, offset)) AS there")
               .filter("send_op IS NOT NULL AND read_op IS NULL")
               .selectExpr("*", "filter(there, x -> x.value != value) AS others")
               .filter("size(others) > 0")
@@ -250,8 +362,8 @@ def _duplicate_and_inconsistent(events: DataFrame) -> list[DataFrame]:
     ]
 
 
-def _unexpected(flags: DataFrame) -> DataFrame:
-    rows = (flags.filter("kind = 'r' AND NOT was_sent")
+def _unexpected(facts: DataFrame) -> DataFrame:
+    rows = (facts.filter("kind = 'r' AND NOT was_sent")
             .groupBy("key", "value")
             .agg(F.min_by("offset", F.struct("op", "pos")).alias("offset"),
                  F.array_sort(F.collect_set("offset")).alias("offsets"),
@@ -263,64 +375,32 @@ def _unexpected(flags: DataFrame) -> DataFrame:
         "all_ops[0]", "value")
 
 
-def _final_logs(events: DataFrame) -> DataFrame:
-    """Every event with its key's final log (result.FINAL_READS) alongside.
-
-    Per key: `start` (op, process) of the last ok assign with seek_to_beginning naming it;
-    `final_end` (the latest ok `end_offsets` entry for it, null if none); `known_end` (one past
-    the highest offset the log holds, 0 if none); `read_to` (one past the highest offset the
-    final chain read, 0 if none); `complete`. Per key and offset: `fvalues` (the values the
-    final chain read there) and `ffirst` (the first such read, (op, value)). `final`: the row is a
-    record of the final chain.
-    """
-    per_key = "OVER (PARTITION BY key)"
-    per_offset = "OVER (PARTITION BY key, offset)"
-    return (
-        events.selectExpr(
-            "*", f"max(CASE WHEN kind = 'a' THEN struct(op, process) END) {per_key} AS start",
-            f"max(CASE WHEN kind = 'e' THEN struct(op, offset) END) {per_key} AS end_at",
-            f"max(CASE WHEN {_LOG} THEN offset END) {per_key} AS known")
-        .selectExpr("*", "coalesce(kind = 'r' AND process = start.process AND op > start.op, false) AS final")
-        .selectExpr("*", f"coalesce(max(CASE WHEN final THEN offset + 1 END) {per_key}, 0) AS read_to",
-                    f"collect_set(CASE WHEN final THEN value END) {per_offset} AS fvalues",
-                    f"min(CASE WHEN final THEN struct(op, value) END) {per_offset} AS ffirst",
-                    "end_at.offset AS final_end", "coalesce(known, -1) + 1 AS known_end")
-        .selectExpr("*", "start IS NOT NULL AND read_to >= coalesce(final_end, known_end) AS complete")
-    )
-
-
-def _final_summaries(finals: DataFrame) -> DataFrame:
-    """One internal row per key with a final chain or any evidence in its log: what the final
-    reads showed (`Analysis.final_reads`), and whether an ok poll read the key (for the note on
-    keys uncommitted-read cannot judge)."""
-    rows = (finals.groupBy("key")
+def _final_summaries(facts: DataFrame) -> DataFrame:
+    """One internal row per key with a final chain, any evidence in its log, or a final-reads
+    record: what the final reads showed (`Analysis.final_reads`), and whether an ok poll read the
+    key (for the note on keys uncommitted-read cannot judge)."""
+    rows = (facts.groupBy("key")
             .agg(F.max("start").alias("start"), F.max("final_end").alias("final_end"),
-                 F.max("read_to").alias("read_to"), F.max("known_end").alias("known_end"),
-                 F.max("known").alias("known"), F.max("complete").alias("complete"),
-                 F.max(F.expr("kind = 'r' AND type = 'ok'")).alias("ok_read"))
-            .filter("start IS NOT NULL OR known IS NOT NULL"))
+                 F.max("read_max").alias("read_max"), F.max("known").alias("known"),
+                 F.max("complete").alias("complete"),
+                 F.max(F.expr("kind = 'r' AND type = 'ok'")).alias("ok_read"),
+                 # The latest completed final-reads operation naming the key; in one record, the last entry.
+                 F.max(F.expr("CASE WHEN kind = 'f' THEN struct(op, pos, value) END")).alias("record"))
+            .filter("start IS NOT NULL OR known IS NOT NULL OR record IS NOT NULL"))
     return rows.selectExpr(
         f"'{_FINAL}' AS type", "CAST(0 AS LONG) AS s1", "key AS s2", "CAST(0 AS LONG) AS s3",
         "CAST(1 AS LONG) AS weight",
-        "to_json(named_struct('key', key, 'assign', start.op, 'end', final_end, 'read_to', read_to, "
-        "'known_end', known_end, 'complete', complete, 'ok_read', ok_read), map('ignoreNullFields', 'false')) "
-        "AS json")
+        f"to_json(named_struct('key', key, 'assign', start.op, 'end', final_end, 'read_to', {_READ_TO}, "
+        f"'known_end', {_KNOWN_END}, 'complete', complete, "
+        f"'outcome', element_at({_OUTCOME_ARRAY}, CAST(record.value AS INT)), 'ok_read', ok_read), "
+        "map('ignoreNullFields', 'false')) AS json")
 
 
-def _lost_write(finals: DataFrame, flags: DataFrame) -> list[DataFrame]:
-    """lost-write: a committed write some ok poll passed without returning it (first rule), or
+def _lost_write(facts: DataFrame) -> list[DataFrame]:
+    """lost-write: an acknowledged write some ok poll passed without returning it (first rule), or
     one the complete final log, whose end is known, does not hold at its offset (second rule)."""
-    # An info operation took effect if any of its values was read; that is a
-    # question across keys, answered by a (small) table of operations that
-    # is broadcast, so the key partitioning stays.
-    took_effect = (flags.filter("kind = 's' AND type = 'info' AND was_read").select("op").distinct()
-                   .withColumn("took_effect", F.lit(True)))
     rows = (
-        finals.filter("kind IN ('r', 's')")
-        .selectExpr("*", "max(kind = 'r') OVER (PARTITION BY key, value) AS was_read")
-        .filter("(kind = 'r' AND type = 'ok') OR (kind = 's' AND offset IS NOT NULL AND type IN ('ok', 'info'))")
-        .join(F.broadcast(took_effect), "op", "left")
-        .filter("kind = 'r' OR type = 'ok' OR took_effect")
+        facts.filter("(kind = 'r' AND type = 'ok') OR acked")
         # Descending by offset, a send before the reads at its own offset
         # (they do not pass it): the running minimum over the reads seen so
         # far is the earliest ok poll that returned a higher offset.
@@ -342,14 +422,15 @@ def _lost_write(finals: DataFrame, flags: DataFrame) -> list[DataFrame]:
                  "least(op, passed.op)", "offset"),
         _witness("lost-write", missing,
                  "'key', key, 'value', value, 'offset', offset, 'send_op', op, 'final_value', ffirst.value, "
-                 "'final_assign', start.op, 'final_end', final_end, 'final_read_to', read_to, "
+                 f"'final_assign', start.op, 'final_end', final_end, 'final_read_to', {_READ_TO}, "
                  "'ops', array(op, start.op)",
                  "least(op, start.op)", "offset"),
     ]
 
 
-def _unseen(flags: DataFrame) -> DataFrame:
-    rows = (flags.filter("kind = 's' AND type = 'ok' AND NOT was_read_ok")
+def _unseen(facts: DataFrame) -> DataFrame:
+    """Acknowledged sends, and ok sends whose offset the client could not learn, that no ok poll returned."""
+    rows = (facts.filter("kind = 's' AND (acked OR type = 'ok') AND NOT was_read_ok")
             .selectExpr("*", "row_number() OVER (PARTITION BY key ORDER BY op, pos) AS rn")
             .groupBy("key")
             .agg(F.count(F.lit(1)).alias("n"),
@@ -359,67 +440,80 @@ def _unseen(flags: DataFrame) -> DataFrame:
                     "e[0].op", "0", weight="n")
 
 
-def _nonmonotonic_send(events: DataFrame) -> DataFrame:
-    rows = (events.filter("kind = 's' AND type = 'ok' AND offset IS NOT NULL")
+def _nonmonotonic_send(facts: DataFrame) -> DataFrame:
+    """Per process and key, its ok and info operations sending to the key, in order: the earlier
+    one's last value and the later one's first, by their positions in the version order (an
+    operation whose value has none is still the previous one)."""
+    rows = (facts.filter("kind = 's' AND type IN ('ok', 'info')")
             .groupBy("process", "key", "op")
-            .agg(F.min_by("offset", "pos").alias("first"), F.max_by("offset", "pos").alias("last"),
+            .agg(F.min_by("at.offset", "pos").alias("first"), F.max_by("at.offset", "pos").alias("last"),
                  F.min_by("value", "pos").alias("first_value"), F.max_by("value", "pos").alias("last_value"))
-            .selectExpr("*", "lag(last) OVER (PARTITION BY process, key ORDER BY op) AS prev_offset",
-                        "lag(last_value) OVER (PARTITION BY process, key ORDER BY op) AS prev_value",
-                        "lag(op) OVER (PARTITION BY process, key ORDER BY op) AS prev_op")
-            .filter("first < prev_offset"))
+            .selectExpr("*", "lag(struct(op, last, last_value)) OVER (PARTITION BY process, key ORDER BY op) AS prev")
+            .filter("prev.last IS NOT NULL AND first IS NOT NULL AND first <= prev.last"))
     return _witness(
         "nonmonotonic-send", rows,
-        "'process', CAST(process AS LONG), 'key', key, 'prev_offset', prev_offset, 'next_offset', first, "
-        "'prev_value', prev_value, 'next_value', first_value, 'ops', array(prev_op, op)",
-        "prev_op", "first")
+        "'process', CAST(process AS LONG), 'key', key, 'prev_offset', prev.last, 'next_offset', first, "
+        "'prev_value', prev.last_value, 'next_value', first_value, 'ops', array(prev.op, op)",
+        "prev.op", "first")
 
 
-def _polls(events: DataFrame, persisted: list[DataFrame]) -> list[DataFrame]:
-    """poll-skip and nonmonotonic-poll, from consecutive polls of a process and key in one assignment."""
-    # Over the log of a key in descending offset order, a running minimum over
-    # the higher offsets is the next offset the log holds; applied again, the
-    # one after that; the dense rank counts the distinct offsets in between.
-    above = "OVER (PARTITION BY key ORDER BY offset DESC RANGE BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)"
-    log = events.filter(_LOG).selectExpr(
-        "*", "dense_rank() OVER (PARTITION BY key ORDER BY offset DESC) AS rank", f"min(offset) {above} AS next1")
-    for i in range(2, SKIPPED_SHOWN + 1):
-        log = log.selectExpr("*", f"min(next{i - 1}) {above} AS next{i}")
-    nexts = ", ".join(f"next{i}" for i in range(1, SKIPPED_SHOWN + 1))
-    # Read twice (across polls, and within one operation): computed once.
-    log = log.persist(StorageLevel.MEMORY_AND_DISK)
-    persisted.append(log)
-    chain = "OVER (PARTITION BY process, assignment, key ORDER BY op)"
-    # Polls of any outcome: whatever records a poll returned moved the consumer past them.
-    pairs = (log.filter("kind = 'r'")
-             .groupBy("process", "assignment", "key", "op")
+def _chain_epochs(history: History) -> DataFrame:
+    """Per process, its ok assign and subscribe operations (op, keys, rewinds: an assign with
+    seek_to_beginning): columns process, assigns. A process has few; the table is broadcast."""
+    return (history.operations
+            .filter("process != 'nemesis' AND type = 'ok' AND f IN ('assign', 'subscribe')")
+            .groupBy("process")
+            .agg(F.collect_list(F.expr("struct(op, coalesce(keys, array()) AS keys, "
+                                       "coalesce(f = 'assign' AND seek_to_beginning, false) AS rewinds)"))
+                 .alias("assigns")))
+
+
+# A skip from a to b (b > a + 1, without computing a + 1) over offsets the log holds between them.
+_SKIP = "b > a AND b - 1 > a AND skipped_count > 0"
+
+
+def _polls(facts: DataFrame, history: History) -> list[DataFrame]:
+    """poll-skip and nonmonotonic-poll, from consecutive polls of a process and key in one chain
+    epoch; and the int-* types, inside one operation."""
+    # Polls of any outcome: whatever records a poll returned moved the consumer past them. A
+    # chain's epoch: the ok assigns/subscribes of the process before the poll that dropped the
+    # key or rewound it.
+    chain = "OVER (PARTITION BY process, epoch, key ORDER BY op)"
+    pairs = (facts.filter("kind = 'r'")
+             .groupBy("process", "key", "op")
              .agg(F.min_by("offset", "pos").alias("b"), F.min_by("rank", "pos").alias("rank_b"),
-                  F.max_by(F.expr(f"struct(offset, rank, array({nexts}) AS nexts)"), "pos").alias("last"))
+                  F.max_by(F.expr("struct(offset, rank, nexts)"), "pos").alias("last"))
+             .join(F.broadcast(_chain_epochs(history)), "process", "left")
+             .selectExpr("*", "size(filter(coalesce(assigns, array()), x -> x.op < op "
+                              "AND (NOT array_contains(x.keys, key) OR x.rewinds))) AS epoch")
              .selectExpr("*", f"lag(last) {chain} AS prev", f"lag(op) {chain} AS prev_op")
              .filter("prev IS NOT NULL")
              .selectExpr("process", "key", "op", "prev_op", "prev.offset AS a", "b",
                          "prev.rank - rank_b - 1 AS skipped_count", "prev.nexts AS nexts"))
-    # Within one operation: consecutive records (or acknowledged sends) of a key, in the order returned.
+    # Within one operation: consecutive records of a key in the order returned (unless a
+    # rebalance during the operation named the key), or consecutive sends by the positions of
+    # their values (a send without one breaks the pair).
     within = "OVER (PARTITION BY op, key, kind ORDER BY pos)"
-    inner = (log.filter("kind = 'r' OR (kind = 's' AND type = 'ok')")
-             .selectExpr("*", f"lag(struct(offset, value, rank, array({nexts}) AS nexts)) {within} AS prev")
-             .filter("prev IS NOT NULL")
-             .selectExpr("kind", "process", "key", "op", "prev.offset AS a", "offset AS b", "prev.value AS va",
-                         "value AS vb", "prev.rank - rank - 1 AS skipped_count", "prev.nexts AS nexts"))
-    skip = "b > a + 1 AND skipped_count > 0"
+    inner = (facts.filter("(kind = 'r' AND NOT moved) OR kind = 's'")
+             .selectExpr("*", "CASE WHEN kind = 'r' THEN struct(offset, rank, nexts) ELSE at END AS here")
+             .selectExpr("*", f"lag(struct(here, value)) {within} AS prev")
+             .filter("prev.here IS NOT NULL AND here IS NOT NULL")
+             .selectExpr("kind", "process", "key", "op", "prev.here.offset AS a", "here.offset AS b",
+                         "prev.value AS va", "value AS vb", "prev.here.rank - here.rank - 1 AS skipped_count",
+                         "prev.here.nexts AS nexts"))
     skipped = "'skipped', filter(nexts, x -> x IS NOT NULL AND x < b), 'skipped_count', skipped_count, "
     head = "'process', CAST(process AS LONG), 'key', key, 'op', op, 'prev_offset', a, 'next_offset', b, "
     values = "'prev_value', va, 'next_value', vb, "
     return [
-        _witness("int-poll-skip", inner.filter(f"kind = 'r' AND {skip}"), head + skipped + "'ops', array(op)",
+        _witness("int-poll-skip", inner.filter(f"kind = 'r' AND {_SKIP}"), head + skipped + "'ops', array(op)",
                  "op", "a"),
         _witness("int-nonmonotonic-poll", inner.filter("kind = 'r' AND b <= a"), head + "'ops', array(op)",
                  "op", "b"),
-        _witness("int-send-skip", inner.filter(f"kind = 's' AND {skip}"),
+        _witness("int-send-skip", inner.filter(f"kind = 's' AND {_SKIP}"),
                  head + values + skipped + "'ops', array(op)", "op", "a"),
         _witness("int-nonmonotonic-send", inner.filter("kind = 's' AND b <= a"),
                  head + values + "'ops', array(op)", "op", "b"),
-        _witness("poll-skip", pairs.filter("b > a + 1 AND skipped_count > 0"),
+        _witness("poll-skip", pairs.filter(_SKIP),
                  "'process', CAST(process AS LONG), 'key', key, 'prev_offset', a, 'next_offset', b, "
                  "'skipped', filter(nexts, x -> x IS NOT NULL AND x < b), 'skipped_count', skipped_count, "
                  "'ops', array(prev_op, op)",
@@ -431,16 +525,17 @@ def _polls(events: DataFrame, persisted: list[DataFrame]) -> list[DataFrame]:
     ]
 
 
-def _uncommitted_read(finals: DataFrame) -> DataFrame:
+def _uncommitted_read(facts: DataFrame) -> DataFrame:
     """uncommitted-read: an ok poll's (offset, value) that the final log does not hold."""
     # The final chain takes a poll's records whatever its outcome (a poll that
     # reported an error may still have returned records, and the consumer's
     # position moved past them); only `ok` polls are judged against it.
-    rows = (finals.filter("kind = 'r' AND type = 'ok'")
+    rows = (facts.filter("kind = 'r' AND type = 'ok' AND start IS NOT NULL")
             .groupBy("key", "offset", "value")
             .agg(F.min("op").alias("op"), *[F.first(c).alias(c) for c in (
-                "fvalues", "ffirst", "start", "final_end", "read_to", "complete")])
-            .filter("start IS NOT NULL AND read_to > 0 AND ((size(fvalues) > 0 AND NOT array_contains(fvalues, value)) "
+                "fvalues", "ffirst", "start", "final_end", "read_max", "complete")])
+            .selectExpr("*", f"{_READ_TO} AS read_to")
+            .filter("read_to > 0 AND ((size(fvalues) > 0 AND NOT array_contains(fvalues, value)) "
                     "OR (size(fvalues) = 0 AND (read_to > offset "
                     "OR (final_end IS NOT NULL AND complete AND offset >= final_end))))"))
     return _witness(
@@ -452,49 +547,51 @@ def _uncommitted_read(finals: DataFrame) -> DataFrame:
 
 
 def _operation_stats(history: History) -> list[DataFrame]:
-    """Internal rows for the stats: per f, how many client operations were invoked and how many
-    completed ok (ordered as first completed, then those the history never completed, by index);
-    and every `heal` of the nemesis that completed with an error (by completion)."""
+    """Internal rows for the stats: per f, how many client operations were invoked, how many
+    completed ok, and how many both send and poll (ordered as first completed, then those the
+    history never completed, by index); and every `heal` of the nemesis that completed with an
+    error (by completion)."""
     by_f = (history.operations.filter("process != 'nemesis'").groupBy("f")
             .agg(F.count(F.lit(1)).alias("invoked"), F.count_if(F.expr("type = 'ok'")).alias("ok"),
+                 F.count_if(F.expr("coalesce(exists(mops, m -> m.f = 'send') "
+                                   "AND exists(mops, m -> m.f = 'poll'), false)")).alias("mixed"),
                  F.min(F.expr("struct(NOT completed AS late, op)")).alias("first")))
     heals = history.operations.filter("process = 'nemesis' AND f = 'heal' AND completed AND error IS NOT NULL")
     return [
         by_f.selectExpr(f"'{_BY_F}' AS type", "CAST(first.late AS LONG) AS s1", "'' AS s2", "first.op AS s3",
                         "CAST(1 AS LONG) AS weight",
-                        "to_json(named_struct('f', f, 'invoked', invoked, 'ok', ok)) AS json"),
+                        "to_json(named_struct('f', f, 'invoked', invoked, 'ok', ok, 'mixed', mixed)) AS json"),
         heals.selectExpr(f"'{_HEAL}' AS type", "op AS s1", "'' AS s2", "CAST(0 AS LONG) AS s3",
                          "CAST(1 AS LONG) AS weight", "to_json(named_struct('op', invoke, 'error', error)) AS json"),
     ]
 
 
-def _dependencies(events: DataFrame) -> tuple[DataFrame, DataFrame]:
-    """The write-write and write-read dependencies between operations that can lie on a cycle,
-    and those operations (the hubs).
+def _dependencies(facts: DataFrame) -> tuple[DataFrame, DataFrame]:
+    """The write-write and write-read dependencies between operations (result.DEPENDENCIES), and
+    the operations that can lie on a cycle (the hubs).
 
-    Edges: columns src, dst (operations), kind ('ww' or 'wr') and key; hubs: column op. See
-    result.py for the definition the Python engine shares."""
-    at = events.filter(_LOG).groupBy("key", "value").agg(F.min("offset").alias("at"))
-    writes = (events.filter("kind = 's' AND type != 'fail'").select("key", "value", "op")
-              .join(at, ["key", "value"]))
-    writers = writes.groupBy("key", "op").agg(F.min("at").alias("at"))
-    readers = events.filter("kind = 'r' AND type = 'ok'").select("key", "value", F.col("op").alias("reader"))
-    hubs = (writers.groupBy("op").agg(F.count(F.lit(1)).alias("keys"))
-            .join(readers.select(F.col("reader").alias("op")).distinct().withColumn("reads", F.lit(True)),
-                  "op", "left")
-            .filter("keys >= 2 OR reads").select("op", F.lit(True).alias("hub")))
-    chain = (writers.join(hubs, "op", "left")
-             .selectExpr("*", "last(CASE WHEN hub THEN op END, true) OVER (PARTITION BY key ORDER BY at, op "
-                              "ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS via"))
-    ww = (chain.filter("hub")
-          .selectExpr("op AS src", "lead(op) OVER (PARTITION BY key ORDER BY at, op) AS dst", "'ww' AS kind", "key")
-          .filter("dst IS NOT NULL AND src != dst"))
-    hub_readers = readers.join(hubs.select(F.col("op").alias("reader")), "reader")
-    wr = (hub_readers.join(writes.select("key", "value", "op"), ["key", "value"])
-          .join(chain.select("key", "op", "via"), ["key", "op"])
-          .selectExpr("via AS src", "reader AS dst", "'wr' AS kind", "key")
-          .filter("src IS NOT NULL AND src != dst"))
-    return ww.unionByName(wr).distinct(), hubs.select("op")
+    Edges: columns src, dst (operations), kind ('ww' or 'wr') and key; hubs: columns op, invoke,
+    process, type. Both kinds are found inside the key partitions; only the hubs, an
+    operation's question across keys, are shuffled (by operation)."""
+    # A writer of key k: an operation of any outcome sending a value whose position is known; its
+    # position in k is the lowest of its values'; each to the next (by position, then operation).
+    writers = (facts.filter("kind = 's' AND at IS NOT NULL").groupBy("key", "op")
+               .agg(F.min("at.offset").alias("at")))
+    ww = (writers.selectExpr("op AS src", "lead(op) OVER (PARTITION BY key ORDER BY at, op) AS dst",
+                             "'ww' AS kind", "key")
+          .filter("dst IS NOT NULL"))
+    # From every sender of (k, v) to every other operation whose poll (any outcome) returned it.
+    wr = (facts.filter("kind IN ('r', 's')").groupBy("key", "value")
+          .agg(F.collect_set(F.expr("CASE WHEN kind = 's' THEN op END")).alias("senders"),
+               F.collect_set(F.expr("CASE WHEN kind = 'r' THEN op END")).alias("readers"))
+          .filter("size(senders) > 0 AND size(readers) > 0")
+          .selectExpr("key", "explode(senders) AS src", "readers")
+          .selectExpr("src", "explode(readers) AS dst", "'wr' AS kind", "key")
+          .filter("src != dst")
+          .distinct())
+    hubs = (facts.filter("kind = 'r' OR (kind = 's' AND at IS NOT NULL)")
+            .select("op", "invoke", "process", "type").distinct())
+    return ww.unionByName(wr), hubs
 
 
 def analyse(spark: SparkSession, path: str | os.PathLike, limit: int = 32, full_dir: str | os.PathLike | None = None
@@ -506,15 +603,12 @@ def analyse(spark: SparkSession, path: str | os.PathLike, limit: int = 32, full_
 
 def _analyse(spark: SparkSession, path: str, limit: int, full_dir: str | os.PathLike | None) -> Analysis:
     history = load_history(spark, path)
-    witnesses = events = None
-    persisted: list[DataFrame] = []
+    witnesses = facts = None
     try:
-        events = _events(history)
-        flags = _value_flags(events)
-        finals = _final_logs(events)
-        parts = [*_lost_write(finals, flags), _unseen(flags), *_duplicate_and_inconsistent(events), _unexpected(flags),
-                 *_polls(events, persisted), _nonmonotonic_send(events), _uncommitted_read(finals),
-                 _aborted_read(flags), _precommitted_read(events), _final_summaries(finals),
+        facts = _facts(history)
+        parts = [*_lost_write(facts), _unseen(facts), *_duplicate_and_inconsistent(facts), _unexpected(facts),
+                 *_polls(facts, history), _nonmonotonic_send(facts), _uncommitted_read(facts),
+                 _aborted_read(facts), _precommitted_read(facts), _final_summaries(facts),
                  *_operation_stats(history)]
         witnesses = reduce(DataFrame.union, parts).persist(StorageLevel.MEMORY_AND_DISK)
         # Counts and the first `limit` witnesses of each type in one job.
@@ -541,6 +635,7 @@ def _analyse(spark: SparkSession, path: str, limit: int, full_dir: str | os.Path
             row_counts.pop(t, None)
         finals = sorted(internal[_FINAL], key=lambda r: r["key"])
         stats: dict = dict(history.stats)
+        stats["mixed"] = sum(r["mixed"] for r in internal[_BY_F])
         if internal[_BY_F]:
             stats["by_f"] = {r["f"]: {"invoked": r["invoked"], "ok": r["ok"]} for r in internal[_BY_F]}
         if internal[_HEAL]:
@@ -552,11 +647,9 @@ def _analyse(spark: SparkSession, path: str, limit: int, full_dir: str | os.Path
             notes.append(unjudged_note(unjudged, len(unjudged)))
         if full_dir is not None:
             _write_full(witnesses, Path(full_dir), row_counts, texts, limit)
-        edges, hubs = _dependencies(events)
+        edges, hubs = _dependencies(facts)
         dependencies = sorted((r["src"], r["dst"], r["kind"], r["key"]) for r in edges.toLocalIterator())
-        hub_rows = sorted((r["op"], r["invoke"], str(r["process"]), r["type"]) for r in
-                          hubs.join(history.operations.select("op", "invoke", "process", "type"), "op")
-                          .toLocalIterator())
+        hub_rows = sorted((r["op"], r["invoke"], str(r["process"]), r["type"]) for r in hubs.toLocalIterator())
         return Analysis(
             counts={t: counts[t] for t in TYPES if t in counts},
             examples={t: [json.loads(j) for j in texts[t][:limit]] for t in TYPES if t in texts and limit > 0},
@@ -564,11 +657,11 @@ def _analyse(spark: SparkSession, path: str, limit: int, full_dir: str | os.Path
             notes=notes,
             dependencies=dependencies,
             hubs=hub_rows,
-            final_reads=[{k: r[k] for k in ("key", "assign", "end", "read_to", "known_end", "complete")}
+            final_reads=[{k: r[k] for k in ("key", "assign", "end", "read_to", "known_end", "complete", "outcome")}
                          for r in finals],
         )
     finally:
-        for df in (witnesses, events, *persisted):
+        for df in (witnesses, facts):
             if df is not None:
                 df.unpersist()
         history.unpersist()
