@@ -108,11 +108,12 @@ def test_info_and_fail_values_that_were_read_are_no_anomaly_here(found):
 
 
 def _info_send_with_offsets(s, first_read: bool):
-    # A harness that learned the offsets of an indeterminate send may record
-    # them; then the other values of a send that took effect can be lost.
+    # A transaction whose commit is unknown may record the offsets its sends got; they prove
+    # nothing until a value of it is read (Jepsen's must-have-committed?), then the other values
+    # of a transaction that took effect can be lost.
     k, p, q, c = s.key(), s.process(), s.process(), s.process()
     mops = [{"f": "send", "key": k, "value": 1}, {"f": "send", "key": k, "value": 2}]
-    info = s.op(p, "send", "info", {"mops": mops},
+    info = s.op(p, "txn", "info", {"mops": mops},
                 {"mops": [dict(mops[0], offset=0), dict(mops[1], offset=1)]})
     s.send(q, [(k, 3, 2)])
     s.assign(c, [k], seek=True)
@@ -130,12 +131,34 @@ def info_send_maybe_not(s):
     return _info_send_with_offsets(s, first_read=False)
 
 
+@scenario
+def partly_acknowledged_send(s):
+    # A plain send that ended info keeps the offsets its acknowledged records got (history-format.md):
+    # value 1 was acknowledged at 0, value 2 has no report. A poll that passes offset 0 without
+    # returning 1 shows the acknowledged write lost; value 2 proves nothing.
+    k, p, q, c = s.key(), s.process(), s.process(), s.process()
+    mops = [{"f": "send", "key": k, "value": 1}, {"f": "send", "key": k, "value": 2}]
+    info = s.op(p, "send", "info", {"mops": mops}, {"mops": [dict(mops[0], offset=0), dict(mops[1], offset=None)]})
+    s.send(q, [(k, 3, 1)])
+    s.assign(c, [k], seek=True)
+    poll = s.poll(c, [(k, 1, 3)])
+    return {"info": info, "poll": poll}
+
+
 def test_an_info_send_with_a_value_read_is_committed_so_its_others_can_be_lost(found):
     f, ix = found("info_send_took_effect")
-    assert set(f) == {"lost-write"}
+    # Its offset 1 is now known to hold 2, which the poll stepped over.
+    assert set(f) == {"lost-write", "unseen", "int-poll-skip"}
     assert [(w["value"], w["offset"], w["ops"]) for w in f["lost-write"]] == [(2, 1, [ix["info"], ix["poll"]])]
     f, _ = found("info_send_maybe_not")
     assert f == {}
+
+
+def test_the_acknowledged_sends_of_an_info_send_keep_their_offsets(found):
+    f, ix = found("partly_acknowledged_send")
+    assert set(f) == {"lost-write", "unseen"}
+    assert [(w["value"], w["offset"], w["ops"]) for w in f["lost-write"]] == [(1, 0, [ix["info"], ix["poll"]])]
+    assert [(w["count"], w["values"]) for w in f["unseen"]] == [(1, [1])]
 
 
 @scenario
@@ -210,8 +233,9 @@ def test_inconsistent_offsets(found):
     # The failed poll keeps this from being an uncommitted read, and value 2
     # was sent (by a failed send), so it is not unexpected either. The value
     # acknowledged at offset 0 was read there: not a reused offset. The ops are
-    # the polls': what makes the offset inconsistent is that readers disagree.
-    assert set(f) == {"inconsistent-offsets"}
+    # the polls': what makes the offset inconsistent is that readers disagree. What the failed
+    # poll returned is evidence too: the failed send of 2 was written (G1a).
+    assert set(f) == {"inconsistent-offsets", "G1a"}
     assert f["inconsistent-offsets"] == [{"key": "inconsistent_offsets-t/0", "offset": 0, "values": [1, 2],
                                           "ops": [ix["read"], ix["failed"]]}]
 
@@ -320,12 +344,31 @@ def test_poll_skip(found):
 
 @scenario
 def poll_skip_reset_by_assign(s):
+    # An ok assign that dropped the key ends the chain (Jepsen's poll-skip+nonmonotonic-cases).
     k, c = s.key(), s.process()
     _four_values(s, k)
     s.assign(c, [k])
     s.poll(c, [(k, 0, 1)])
+    s.assign(c, [s.key("other")])
     s.assign(c, [k])
     s.poll(c, [(k, 3, 4)])
+
+
+@scenario
+def poll_skip_across_an_assign_that_kept_the_key(s):
+    # An assign that keeps the key, and one that was refused or whose outcome is unknown, leave
+    # the consumer where it was: the chain runs on.
+    k, c, d = s.key(), s.process(), s.process()
+    _four_values(s, k)
+    s.assign(c, [k])
+    first = s.poll(c, [(k, 0, 1)])
+    s.assign(c, [k, s.key("other")])
+    second = s.poll(c, [(k, 2, 3)])
+    s.assign(d, [k])
+    third = s.poll(d, [(k, 0, 1)])
+    s.assign(d, [s.key("other")], type_="fail")
+    fourth = s.poll(d, [(k, 0, 1)])
+    return {"first": first, "second": second, "third": third, "fourth": fourth, "c": c, "d": d}
 
 
 @scenario
@@ -339,6 +382,13 @@ def poll_gap_nothing_known_in_it(s):
 def test_no_poll_skip_across_an_assign_or_over_offsets_nobody_saw(found):
     assert found("poll_skip_reset_by_assign")[0] == {}
     assert found("poll_gap_nothing_known_in_it")[0] == {}
+
+
+def test_only_an_ok_assign_that_drops_or_rewinds_the_key_ends_the_chain(found):
+    f, ix = found("poll_skip_across_an_assign_that_kept_the_key")
+    assert set(f) == {"poll-skip", "nonmonotonic-poll"}
+    assert [(w["process"], w["ops"]) for w in f["poll-skip"]] == [(ix["c"], [ix["first"], ix["second"]])]
+    assert [(w["process"], w["ops"]) for w in f["nonmonotonic-poll"]] == [(ix["d"], [ix["third"], ix["fourth"]])]
 
 
 @scenario
@@ -393,11 +443,13 @@ def sends_of_two_processes(s):
 
 def test_nonmonotonic_send(found):
     f, ix = found("nonmonotonic_send")
-    assert set(f) == {"nonmonotonic-send"}
+    # The write order contradicts the process order: also a G0-process/-realtime, which Kafka allows
+    # (no write isolation), and which this type makes bad where no loss is claimed.
+    assert set(f) == {"nonmonotonic-send", "G0-process", "G0-realtime"}
     assert f["nonmonotonic-send"] == [{"process": ix["p"], "key": "nonmonotonic_send-t/0", "prev_offset": 5,
                                        "next_offset": 3, "prev_value": 1, "next_value": 2,
                                        "ops": [ix["first"], ix["second"]]}]
-    assert set(found("sends_of_two_processes")[0]) == {"int-nonmonotonic-send"}
+    assert set(found("sends_of_two_processes")[0]) == {"int-nonmonotonic-send", "G0-process", "G0-realtime"}
 
 
 # --- uncommitted-read ---------------------------------------------------------------
@@ -489,8 +541,8 @@ def test_no_uncommitted_read_without_evidence_from_a_final_read(found, catalog):
     # every seek_to_beginning chain of the catalog reads its keys, so the keys
     # not judged are those read by ok polls and never assigned that way
     lines = catalog["builder"].lines
-    read = {r["key"] for op in lines if op["type"] == "ok" and op["f"] == "poll"
-            for m in op["mops"] for r in m["records"]}
+    read = {r["key"] for op in lines if op["type"] == "ok" and op["f"] in ("poll", "txn")
+            for m in op["mops"] for r in m.get("records") or []}
     sought = {k for op in lines if op["type"] == "ok" and op.get("seek_to_beginning") for k in op["keys"]}
     unjudged = sorted(read - sought)
     assert "no_final_read-t/0" in unjudged
@@ -586,7 +638,7 @@ def test_the_final_chain_runs_past_later_assigns_and_takes_the_latest_end(found,
     assert found("final_chain_across_a_reassign")[0] == {}
     [summary] = [r for r in catalog["analysis"].final_reads if r["key"] == "final_chain_across_a_reassign-t/0"]
     assert summary == {"key": "final_chain_across_a_reassign-t/0", "assign": ix["start"], "end": 3, "read_to": 3,
-                       "known_end": 3, "complete": True}
+                       "known_end": 3, "complete": True, "outcome": None}
 
 
 def test_final_reads_summarise_every_key_with_evidence_or_a_final_chain(catalog):
@@ -594,11 +646,12 @@ def test_final_reads_summarise_every_key_with_evidence_or_a_final_chain(catalog)
     assert list(summaries) == sorted(summaries)
     assert summaries["final_log_cut_tail-t/0"] == {
         "key": "final_log_cut_tail-t/0", "assign": catalog["facts"]["final_log_cut_tail"]["start"], "end": 2,
-        "read_to": 2, "known_end": 3, "complete": True}
+        "read_to": 2, "known_end": 3, "complete": True, "outcome": None}
     assert summaries["final_log_short_of_its_end-t/0"]["complete"] is False
     # no final chain: complete only by a final chain, whatever the evidence
     assert summaries["no_final_read-t/0"] == {"key": "no_final_read-t/0", "assign": None, "end": None,
-                                              "read_to": 0, "known_end": 1, "complete": False}
+                                              "read_to": 0, "known_end": 1, "complete": False,
+                                              "outcome": None}
     # a key whose only send was never acknowledged has no evidence in its log, and no final chain
     assert "stats-t/0" not in summaries
 
@@ -777,6 +830,169 @@ def test_g0_realtime_a_send_invoked_after_another_completed_lands_before_it(foun
 
 def test_no_cycle_when_every_dependency_runs_one_way(found):
     assert found("dependencies_in_one_order")[0] == {}
+
+
+# --- Jepsen's Kafka semantics, rule by rule (each both ways) ------------------------------
+
+@scenario
+def read_from_the_future(s):
+    # Rule 1: a poll returned 1 before the send of 1 was even invoked.
+    k, c, p = s.key(), s.process(), s.process()
+    poll = s.poll(c, [(k, 0, 1)])
+    send = s.send(p, [(k, 1, 0)])
+    return {"poll": poll, "send": send}
+
+
+@scenario
+def read_after_the_send(s):
+    k, c, p = s.key(), s.process(), s.process()
+    s.send(p, [(k, 1, 0)])
+    s.poll(c, [(k, 0, 1)])
+
+
+@scenario
+def read_before_its_own_send(s):
+    # Rule 1, process order: a process polled a value that it sent only in its next operation.
+    k, p = s.key(), s.process()
+    poll = s.poll(p, [(k, 0, 1)])
+    send = s.send(p, [(k, 1, 0)])
+    return {"poll": poll, "send": send}
+
+
+def test_a_read_from_the_future_is_a_g1c_realtime_or_process_cycle(found):
+    f, ix = found("read_from_the_future")
+    assert set(f) == {"G1c-realtime"}
+    [w] = f["G1c-realtime"]
+    assert w["ops"] == [ix["poll"], ix["send"]] and {st["type"] for st in w["steps"]} == {"wr", "realtime"}
+    assert found("read_after_the_send")[0] == {}
+    f, ix = found("read_before_its_own_send")
+    assert set(f) == {"G1c-process", "G1c-realtime"}
+    assert f["G1c-process"][0]["ops"] == [ix["poll"], ix["send"]]
+
+
+@scenario
+def read_cycle_through_an_indeterminate_txn(s):
+    # Rule 2: the info transaction's poll read t2's write; its edge counts (Jepsen's readers-of).
+    x, y, p, q = s.key("0"), s.key("1"), s.process(), s.process()
+    t1 = txn(s, p, [(x, 1, None)], [(y, 0, 2)], "info")
+    t2 = txn(s, q, [(y, 2, 0)], [(x, 0, 1)])
+    return {"t1": t1, "t2": t2}
+
+
+@scenario
+def one_way_read_through_an_indeterminate_txn(s):
+    x, y, p, q = s.key("0"), s.key("1"), s.process(), s.process()
+    txn(s, p, [(x, 1, None)], [], "info")
+    txn(s, q, [(y, 2, 0)], [(x, 0, 1)])
+
+
+def test_write_read_edges_come_from_every_completion_that_returned_records(found):
+    f, ix = found("read_cycle_through_an_indeterminate_txn")
+    assert set(f) == {"G1c", "unseen"}  # only the info transaction read 2
+    assert f["G1c"][0]["ops"] == [ix["t1"], ix["t2"]]
+    assert set(found("one_way_read_through_an_indeterminate_txn")[0]) == {"unseen"}  # nobody read 2
+
+
+@scenario
+def interleaved_plain_sends(s):
+    # Rule 3: two overlapping non-transactional sends of two keys, landing in opposite orders, and
+    # single-key sends between them: a write cycle only through inferred write-write edges.
+    k, j, p, q, r, c = s.key("0"), s.key("1"), s.process(), s.process(), s.process(), s.process()
+    s.line(p, "invoke", "send", mops=[{"f": "send", "key": k, "value": 1}, {"f": "send", "key": j, "value": 2}])
+    s.line(q, "invoke", "send", mops=[{"f": "send", "key": k, "value": 3}, {"f": "send", "key": j, "value": 4}])
+    s.line(p, "ok", "send", mops=[{"f": "send", "key": k, "value": 1, "offset": 0},
+                                  {"f": "send", "key": j, "value": 2, "offset": 1}])
+    s.line(q, "ok", "send", mops=[{"f": "send", "key": k, "value": 3, "offset": 1},
+                                  {"f": "send", "key": j, "value": 4, "offset": 0}])
+    s.b.counts["ops"] += 2  # the two sends written line by line above
+    s.b.counts["ok"] += 2
+    by_f = s.b.by_f.setdefault("send", {"invoked": 0, "ok": 0})
+    by_f["invoked"] += 2
+    by_f["ok"] += 2
+    s.send(r, [(k, 5, 2)])
+    s.assign(c, [k, j], seek=True)
+    s.poll(c, [(k, 0, 1), (k, 1, 3), (k, 2, 5), (j, 0, 4), (j, 1, 2)])
+
+
+def test_interleaved_plain_sends_make_only_write_cycles(found):
+    f, _ = found("interleaved_plain_sends")
+    assert set(f) == {"G0"}
+
+
+@scenario
+def rebalanced_during_a_poll(s):
+    # Rule 5: a subscriber's poll whose second poll() call followed a rebalance that moved k.
+    k, j, p, c = s.key("0"), s.key("1"), s.process(), s.process()
+    s.send(p, [(k, 1, 0), (k, 2, 1), (k, 3, 2), (j, 4, 0), (j, 5, 1), (j, 6, 2)])
+    everything = s.process()
+    s.assign(everything, [k, j], seek=True)
+    s.poll(everything, [(k, 0, 1), (k, 1, 2), (k, 2, 3), (j, 0, 4), (j, 1, 5), (j, 2, 6)])
+    s.op(c, "subscribe", "ok", {"keys": [k, j]})
+    done = [{"f": "poll", "records": [{"key": k, "offset": 0, "value": 1}, {"key": j, "offset": 0, "value": 4}]},
+            {"f": "poll", "records": [{"key": k, "offset": 2, "value": 3}, {"key": j, "offset": 2, "value": 6}]}]
+    poll = s.op(c, "poll", "ok", {"mops": [{"f": "poll"}, {"f": "poll"}]},
+                {"mops": done, "rebalance_log": [{"keys": [k]}]})
+    return {"poll": poll, "j": j}
+
+
+def test_a_key_a_rebalance_moved_during_an_operation_is_not_judged_inside_it(found):
+    f, ix = found("rebalanced_during_a_poll")
+    assert set(f) == {"int-poll-skip"}
+    assert [(w["key"], w["op"]) for w in f["int-poll-skip"]] == [(ix["j"], ix["poll"])]
+
+
+@scenario
+def sends_read_back_in_reverse(s):
+    # Rule 6: positions come from the version order, acknowledged offset or not.
+    k, j, p, q, c = s.key("0"), s.key("1"), s.process(), s.process(), s.process()
+    reversed_ = s.send(p, [(k, 1, None), (k, 2, None)], "info")
+    first = s.send(q, [(j, 3, None)])  # acks=0: no offset
+    second = s.send(q, [(j, 4, None)])
+    s.assign(c, [k, j], seek=True)
+    s.poll(c, [(k, 0, 2), (k, 1, 1), (j, 0, 4), (j, 1, 3)])
+    return {"reversed": reversed_, "first": first, "second": second, "p": p, "q": q, "k": k, "j": j}
+
+
+@scenario
+def sends_read_back_in_order(s):
+    k, j, p, q, c = s.key("0"), s.key("1"), s.process(), s.process(), s.process()
+    s.send(p, [(k, 1, None), (k, 2, None)], "info")
+    s.send(q, [(j, 3, None)])
+    s.send(q, [(j, 4, None)])
+    s.assign(c, [k, j], seek=True)
+    s.poll(c, [(k, 0, 1), (k, 1, 2), (j, 0, 3), (j, 1, 4)])
+
+
+def test_send_order_comes_from_the_version_order(found):
+    f, ix = found("sends_read_back_in_reverse")
+    assert {"int-nonmonotonic-send", "nonmonotonic-send"} <= set(f) <= {
+        "int-nonmonotonic-send", "nonmonotonic-send", "G0-process", "G0-realtime"}
+    assert f["int-nonmonotonic-send"] == [{"process": ix["p"], "key": ix["k"], "op": ix["reversed"],
+                                           "prev_offset": 1, "next_offset": 0, "prev_value": 1, "next_value": 2,
+                                           "ops": [ix["reversed"]]}]
+    assert f["nonmonotonic-send"] == [{"process": ix["q"], "key": ix["j"], "prev_offset": 1, "next_offset": 0,
+                                       "prev_value": 3, "next_value": 4, "ops": [ix["first"], ix["second"]]}]
+    assert found("sends_read_back_in_order")[0] == {}
+
+
+@scenario
+def failed_operations_as_evidence(s):
+    # Rule 9: a failed transaction polled its own send; a failed poll returned a failed send's value.
+    k, j, p, q, c = s.key("0"), s.key("1"), s.process(), s.process(), s.process()
+    own = s.op(p, "txn", "fail", {"mops": [{"f": "send", "key": k, "value": 1}, {"f": "poll"}]},
+               {"mops": [{"f": "send", "key": k, "value": 1},
+                         {"f": "poll", "records": [{"key": k, "offset": 0, "value": 1}]}]})
+    s.send(q, [(j, 2, None)], "fail")
+    read = s.poll(c, [(j, 0, 2)], "fail")
+    return {"own": own, "read": read, "p": p}
+
+
+def test_a_failed_operations_records_are_evidence(found):
+    f, ix = found("failed_operations_as_evidence")
+    assert set(f) == {"precommitted-read", "G1a"}
+    assert [w["ops"] for w in f["precommitted-read"]] == [[ix["own"]]]
+    # Both the failed transaction's own read of 1 and the failed poll's read of 2 read failed sends.
+    assert sorted(w["read_op"] for w in f["G1a"]) == [ix["own"], ix["read"]]
 
 
 # --- the analysis as a whole ---------------------------------------------------------
