@@ -4,7 +4,8 @@ In: the nodes' `Remote`s (each with an `address` and `run`), and grudges: for
 each node, the nodes whose packets it drops. Out: iptables DROP rules in a
 chain of our own, `FAULTLINE`, hooked into INPUT and OUTPUT of each node's
 namespace, so that a grudge stops traffic both ways (a node drops what comes
-from a peer and what it sends to one); `heal()` flushes exactly that chain and
+from a peer and what it sends to one); `heal()` flushes exactly that chain on
+every node, going on after a node fails, says per node whether it worked, and
 leaves every other rule alone. `rules()` lists what is in place, for tests
 and for the nemesis's record.
 
@@ -22,6 +23,7 @@ import threading
 log = logging.getLogger("faultline.net")
 
 CHAIN = "FAULTLINE"
+HEALED = "healed"
 
 
 class NetError(RuntimeError):
@@ -74,17 +76,20 @@ class Net:
         log.info("partitioned: %s", applied)
         return applied
 
-    def heal(self) -> list[str]:
-        """Remove every rule this Net added; the nodes whose chain was flushed."""
-        healed = []
+    def heal(self) -> dict[str, str]:
+        """Remove every rule this Net added, node by node, going on after a node fails. Returns each
+        node's outcome: "healed" (its chain flushed), or the error naming the node (its rules may
+        still be in place: the next heal tries it again)."""
+        outcomes: dict[str, str] = {}
         with self._lock:
             for node in sorted(self._prepared):
                 try:
                     self._iptables(node, "-F", CHAIN)
-                    healed.append(node)
-                except Exception as exc:  # noqa: BLE001 - a dead namespace has no rules left either
+                    outcomes[node] = HEALED
+                except Exception as exc:  # noqa: BLE001 - recorded; the other nodes are still healed
                     log.warning("healing the network of %s failed: %s", node, exc)
-        return healed
+                    outcomes[node] = f"{node}: {type(exc).__name__}: {exc}"
+        return outcomes
 
     def rules(self, node: str) -> list[str]:
         """The DROP rules in our chain on `node`, as `iptables -S` prints them."""

@@ -9,14 +9,86 @@ they did.
 A nemesis is a tiny interface, as in Jepsen: `fs` (the functions it
 performs), `invoke(op) -> value` (what was done) and `heal() -> value` (undo
 every fault it still holds; always safe to call).
+
+A repair (`heal()`, and the scheduled repairs that call it) tries every node
+even when one fails, and its value says per node how it went (`outcomes`:
+node -> "healed", or the error naming the node); when a node's repair failed
+it raises `RepairFailed` carrying that value, and the node stays on its list
+for the next repair to try again. A fault's value names the kind of target it
+chose (`target`: random, leader, controller, majority, all).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import random
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Protocol
+
+from ..workloads.generator import PENDING, fill
 
 Op = dict[str, Any]
+log = logging.getLogger("faultline.nemesis")
+
+HEALED = "healed"
+
+
+class RepairFailed(Exception):
+    """A repair that did not succeed on every node. `value` is what it did, with each node's
+    outcome under "outcomes"; the message names the nodes that failed and why."""
+
+    def __init__(self, value: dict[str, Any]):
+        self.value = value
+        failed = [o for o in value.get("outcomes", {}).values() if o != HEALED]
+        super().__init__("; ".join(failed) or "the repair failed")
+
+
+def repair_each(nodes: Iterable[str], repair: Callable[[str], Any]) -> tuple[dict[str, str], dict[str, Any]]:
+    """`repair(node)` for every node, going on after one raises: (each node's outcome, "healed" or
+    the error naming the node; what each repair that succeeded returned)."""
+    outcomes: dict[str, str] = {}
+    results: dict[str, Any] = {}
+    for node in nodes:
+        try:
+            results[node] = repair(node)
+            outcomes[node] = HEALED
+        except Exception as exc:  # noqa: BLE001 - recorded per node; the other nodes are still repaired
+            log.warning("repairing %s failed: %s: %s", node, type(exc).__name__, exc)
+            outcomes[node] = f"{node}: {type(exc).__name__}: {exc}"
+    return outcomes, results
+
+
+def healed(outcomes: dict[str, str]) -> list[str]:
+    return [node for node, outcome in outcomes.items() if outcome == HEALED]
+
+
+def finish(value: dict[str, Any]) -> dict[str, Any]:
+    """A repair's value, or RepairFailed carrying it when a node's repair failed."""
+    if any(outcome != HEALED for outcome in value.get("outcomes", {}).values()):
+        raise RepairFailed(value)
+    return value
+
+
+@dataclass(frozen=True)
+class Heal:
+    """The heal phase's generator: one `heal` operation (every nemesis undoes every fault it still
+    holds), then exhausted. `error` is its completion's: None when every repair succeeded."""
+
+    given: bool = False
+    done: bool = False
+    error: str | None = None
+
+    def op(self, ctx):
+        if self.given:
+            return None
+        op = fill({"f": "heal"}, ctx)
+        return PENDING if op is None else (op, dataclasses.replace(self, given=True))
+
+    def update(self, ctx, event):
+        if event.get("f") != "heal" or event["type"] == "invoke":
+            return self
+        return dataclasses.replace(self, done=True, error=event.get("error"))
 
 
 class Nemesis(Protocol):

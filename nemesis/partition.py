@@ -4,7 +4,8 @@ In: the `Net` (iptables inside each node), the db (`leader(topic, partition)`,
 `controller()`), the broker nodes, the ZooKeeper nodes and the test's keys.
 Out: `start-partition` applies a grudge of a shape chosen by the op's seed and
 reports the shape, its target and the grudge exactly as applied;
-`stop-partition` (and `heal`) removes every rule it added and reports where.
+`stop-partition` (and `heal`) removes every rule it added and reports, per
+node, whether that worked (a node that failed does not stop the others).
 
 Shapes: isolate a random broker, the leader of a random key, or the
 controller (from every other node, ZooKeeper included); random halves and a
@@ -18,7 +19,7 @@ import random
 from typing import Any
 
 from . import grudges
-from .core import Op, leader_of_random_key
+from .core import HEALED, Op, finish, healed, leader_of_random_key
 
 
 class PartitionNemesis:
@@ -71,6 +72,6 @@ class PartitionNemesis:
         return {**detail, "grudge": applied}
 
     def heal(self) -> Any:
-        healed = self.net.heal()
-        self.active = False
-        return {"healed": healed}
+        outcomes = self.net.heal()
+        self.active = any(outcome != HEALED for outcome in outcomes.values())
+        return finish({"healed": healed(outcomes), "outcomes": outcomes})

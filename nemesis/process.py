@@ -16,7 +16,7 @@ import random
 from typing import Any
 
 from ..control.wait import wait_until
-from .core import Op, leader_of_random_key, pick_nodes
+from .core import HEALED, Op, RepairFailed, finish, healed, leader_of_random_key, pick_nodes, repair_each
 
 
 class KillNemesis:
@@ -33,18 +33,19 @@ class KillNemesis:
         if op["f"] == "kill":
             rng = random.Random(op.get("seed", 0))
             live = [n for n in self.nodes if n not in self.killed]
+            kind = {"target": self.target}  # which kind of target: random, leader, controller, majority, all
             if not live:
-                return {"nodes": [], "note": "every node is already down"}
+                return {"nodes": [], **kind, "note": "every node is already down"}
             why: dict[str, Any] = {}
             if self.target == "leader":
                 key, target = leader_of_random_key(self.db, self.keys, rng)
                 if target is None or target not in live:
-                    return {"nodes": [], "key": key, "note": f"{key} has no live leader to kill"}
+                    return {"nodes": [], **kind, "key": key, "note": f"{key} has no live leader to kill"}
                 targets, why = [target], {"leader_of": key}
             elif self.target == "controller":
                 target = self.db.controller()
                 if target is None or target not in live:
-                    return {"nodes": [], "note": "no live controller to kill"}
+                    return {"nodes": [], **kind, "note": "no live controller to kill"}
                 targets, why = [target], {"controller": True}
             else:
                 targets = pick_nodes(rng, live, len(self.nodes), self.target)
@@ -52,20 +53,22 @@ class KillNemesis:
             for target in targets:
                 pids[target] = self.db.kill(target)
                 self.killed.append(target)
-            return {"nodes": targets, "signal": "SIGKILL", **why, "pids": pids}
+            return {"nodes": targets, **kind, "signal": "SIGKILL", **why, "pids": pids}
         if op["f"] == "start":
             return self.heal()
         raise ValueError(f"KillNemesis cannot perform {op['f']!r}")
 
     def heal(self) -> Any:
-        started, pids = [], {}
-        for node in self.killed:
+        pids = {}
+
+        def restart(node: str) -> None:
             if not self.db.running(node):
                 pids[node] = self.db.start(node)
             self.db.wait_ready(node)
-            started.append(node)
-        self.killed = []
-        return {"nodes": started, "pids": pids}
+
+        outcomes, _ = repair_each(self.killed, restart)
+        self.killed = [n for n in self.killed if outcomes[n] != HEALED]
+        return finish({"nodes": healed(outcomes), "pids": pids, "outcomes": outcomes})
 
 
 class PauseNemesis:
@@ -88,12 +91,12 @@ class PauseNemesis:
         rng = random.Random(op.get("seed", 0))
         running = [n for n in self.nodes if n not in self.paused]
         if not running:
-            return {"nodes": [], "note": "every node is already paused"}
-        why = {}
+            return {"nodes": [], "target": self.target, "note": "every node is already paused"}
+        why = {"target": self.target}
         target = rng.choice(running)
         if self.target == "leader" and self.keys:
             key, target = leader_of_random_key(self.db, self.keys, rng)
-            why = {"leader_of": key}
+            why["leader_of"] = key
             if target is None or target not in running:
                 return {"nodes": [], **why, "note": f"{key} has no running leader to pause"}
         self.db.pause(target)
@@ -101,12 +104,9 @@ class PauseNemesis:
         return {"nodes": [target], "signal": "SIGSTOP", **why}
 
     def heal(self) -> Any:
-        resumed = []
-        for node in self.paused:
-            self.db.resume(node)
-            resumed.append(node)
-        self.paused = []
-        return {"nodes": resumed, "signal": "SIGCONT"}
+        outcomes, _ = repair_each(self.paused, self.db.resume)
+        self.paused = [n for n in self.paused if outcomes[n] != HEALED]
+        return finish({"nodes": healed(outcomes), "signal": "SIGCONT", "outcomes": outcomes})
 
 
 class ClockNemesis:
@@ -164,11 +164,10 @@ class ClockNemesis:
                 "offsets_s": {node: self.db.start_offset(node) for node in chosen}}
 
     def heal(self) -> Any:
-        for node in self.nodes:
-            self._set(node, self.db.start_offset(node))
-        reset = sorted(self.skewed)
-        self.skewed = set()
-        return {"offsets_s": {node: self.db.start_offset(node) for node in reset}}
+        outcomes, _ = repair_each(self.nodes, lambda node: self._set(node, self.db.start_offset(node)))
+        reset = sorted(n for n in self.skewed if outcomes[n] == HEALED)
+        self.skewed = {n for n in self.skewed if outcomes[n] != HEALED}
+        return finish({"offsets_s": {node: self.db.start_offset(node) for node in reset}, "outcomes": outcomes})
 
 
 class PowerLossNemesis:
@@ -192,25 +191,23 @@ class PowerLossNemesis:
         rng = random.Random(op.get("seed", 0))
         on = [n for n in self.nodes if n not in self.off]
         if not on:
-            return {"nodes": [], "note": "every node is already off"}
+            return {"nodes": [], "target": self.target, "note": "every node is already off"}
         targets = pick_nodes(rng, on, len(self.nodes), self.target)
         done = {}
         for node in targets:
             done[node] = self.db.power_off(node)
             self.off.append(node)
-        return {"nodes": targets, "signal": "SIGKILL", "unsynced_lost": True,
+        return {"nodes": targets, "target": self.target, "signal": "SIGKILL", "unsynced_lost": True,
                 "pids": {n: d["pids"] for n, d in done.items()},
                 "unsynced_bytes": {n: d["unsynced_bytes"] for n, d in done.items()}}
 
     def heal(self) -> Any:
-        started, pids = [], {}
-        for node in self.off:
-            pids[node] = self.db.power_on(node)
-        for node in self.off:
-            self.db.wait_ready(node)
-            started.append(node)
-        self.off = []
-        return {"nodes": started, "pids": pids}
+        # Every disk and broker first, then wait for each: they may need one another to serve.
+        powered, pids = repair_each(self.off, self.db.power_on)
+        ready, _ = repair_each(healed(powered), self.db.wait_ready)
+        outcomes = {**powered, **ready}
+        self.off = [n for n in self.off if outcomes[n] != HEALED]
+        return finish({"nodes": healed(outcomes), "pids": pids, "outcomes": outcomes})
 
 
 class RollingRestartNemesis:
@@ -235,11 +232,12 @@ class RollingRestartNemesis:
         return {"nodes": order, "signal": "SIGTERM", "exit_status": statuses}
 
     def heal(self) -> Any:
-        restarted = [n for n in self.nodes if not self.db.running(n)]
-        for node in restarted:
+        def restart(node: str) -> None:
             self.db.start(node)
             self.db.wait_ready(node)
-        return {"nodes": restarted}
+
+        outcomes, _ = repair_each([n for n in self.nodes if not self.db.running(n)], restart)
+        return finish({"nodes": healed(outcomes), "outcomes": outcomes})
 
 def _topic_partition(key: str) -> tuple[str, int]:
     topic, _, partition = key.rpartition("/")
@@ -307,16 +305,22 @@ class StaleElectionNemesis:
         except TimeoutError:
             elected = False
         led_by = self.db.leader(topic, partition)
-        restarted = self.heal()
-        return {"nodes": in_sync, "key": key, "signal": "SIGKILL", "pids": pids, "started_first": stale,
-                "stale_elected": elected, "leader_then": led_by, "restarted": restarted["nodes"]}
+        value = {"nodes": in_sync, "key": key, "signal": "SIGKILL", "pids": pids, "started_first": stale,
+                 "stale_elected": elected, "leader_then": led_by}
+        try:
+            restarted = self.heal()
+        except RepairFailed as exc:
+            raise RepairFailed({**value, "restarted": exc.value["nodes"], "outcomes": exc.value["outcomes"]}) from exc
+        return {**value, "restarted": restarted["nodes"]}
 
     def heal(self) -> Any:
-        started = []
-        for node in self.down:
+        def restart(node: str) -> None:
             if not self.db.running(node):
                 self.db.start(node)
             self.db.wait_ready(node)
-            started.append(node)
-        self.down, self.stale = [], None
-        return {"nodes": started}
+
+        outcomes, _ = repair_each(self.down, restart)
+        self.down = [n for n in self.down if outcomes[n] != HEALED]
+        if not self.down:
+            self.stale = None
+        return finish({"nodes": healed(outcomes), "outcomes": outcomes})

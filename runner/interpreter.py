@@ -26,6 +26,7 @@ import traceback
 from typing import Any, Callable
 
 from ..models.history import HistoryWriter
+from ..nemesis.core import RepairFailed
 from ..workloads.generator import NEMESIS, PENDING, Context
 
 log = logging.getLogger("faultline.interpreter")
@@ -55,8 +56,11 @@ class HarnessError(Exception):
 
 class NemesisClient:
     """Performs nemesis operations: each f by the nemesis that owns it, and `heal` by every
-    nemesis at once. A completion is always `info` (a fault's effect is never certain), with
-    what was done as its value, or the error."""
+    nemesis, each in its turn even when one before it failed. A completion is always `info` (a
+    fault's effect is never certain), with what was done as its value; an operation that did not
+    fully succeed also carries `error`. A heal's value holds each nemesis's own (keyed by its class
+    name: per node, under "outcomes", "healed" or the error naming the node; {"error": ...} when it
+    failed outright), and its `error` names every repair that did not succeed."""
 
     def __init__(self, nemeses: dict[str, Any]):
         self.nemeses = nemeses
@@ -67,18 +71,39 @@ class NemesisClient:
     def close(self) -> None:
         pass
 
-    def invoke(self, op: dict) -> dict:
+    @staticmethod
+    def _attempt(f: str, action: Callable[[], Any]) -> tuple[Any, str | None]:
+        """(value, error or None) of one nemesis action."""
         try:
-            if op["f"] == "heal":
-                # One nemesis serves several fs: heal each once.
-                distinct = {id(n): n for n in self.nemeses.values()}.values()
-                value = {type(n).__name__: n.heal() for n in distinct}
-            else:
-                value = self.nemeses[op["f"]].invoke(op)
-            return {"type": "info", "value": value}
+            return action(), None
+        except RepairFailed as exc:
+            log.error("nemesis %s did not fully succeed: %s", f, exc)
+            return exc.value, str(exc)
         except Exception as exc:  # noqa: BLE001 - recorded; the run goes on
-            log.exception("nemesis %s failed", op["f"])
-            return {"type": "info", "error": f"{type(exc).__name__}: {exc}"}
+            log.exception("nemesis %s failed", f)
+            error = f"{type(exc).__name__}: {exc}"
+            return {"error": error}, error
+
+    def invoke(self, op: dict) -> dict:
+        if op["f"] == "heal":
+            # One nemesis serves several fs: heal each once, every one even after another failed.
+            distinct = {id(n): n for n in self.nemeses.values()}.values()
+            value, errors = {}, []
+            for nemesis in distinct:
+                name = type(nemesis).__name__
+                value[name], error = self._attempt(f"{name} heal", nemesis.heal)
+                if error is not None:
+                    errors.append(f"{name}: {error}")
+            done = {"type": "info", "value": value}
+            if errors:
+                done["error"] = "; ".join(errors)
+            return done
+        value, error = self._attempt(op["f"], lambda: self.nemeses[op["f"]].invoke(op))
+        if error is None:
+            return {"type": "info", "value": value}
+        if isinstance(value, dict) and list(value) == ["error"]:
+            return {"type": "info", "error": error}
+        return {"type": "info", "value": value, "error": error}
 
 
 class Worker(threading.Thread):

@@ -6,7 +6,10 @@ nodes' `Net`. Out: a `Test` naming each part, built from the registries (`db.DBS
 system under test or workload is one new file and one registry line.
 
 The generator of a test is data too: the workload's client ops and the nemesis's schedule for
-`time_limit` seconds, then a heal, then the workload's final reads for `final_time_limit`.
+`time_limit` seconds, then a heal, then the workload's final reads for `final_time_limit` (a
+limit the final reads keep themselves, so that they record running out of time); after a heal
+that did not succeed, the workload's `final_unhealed` instead (nothing is read from a broken
+cluster as if it were healed).
 """
 
 from __future__ import annotations
@@ -19,10 +22,10 @@ from ..db import DBS
 from ..db.core import DB
 from ..models.spec import SpecError, TestSpec
 from ..nemesis import catalog
-from ..nemesis.core import Schedule
+from ..nemesis.core import Heal, Schedule
 from ..workloads import WORKLOADS
 from ..workloads.core import Workload
-from ..workloads.generator import Once, Phases, TimeLimit, Unfold, any_, clients, nemesis
+from ..workloads.generator import Phases, TimeLimit, Unfold, any_, clients, nemesis
 
 
 @dataclass
@@ -66,16 +69,25 @@ def validate(spec: TestSpec) -> None:
 
 
 def generator_of(spec: TestSpec, workload: Workload, schedule: Schedule | None):
-    """Main phase (client ops, and faults when there is a schedule), heal, final reads."""
-    main = clients(TimeLimit(spec.time_limit, workload.generator))
+    """Main phase (client ops, and faults when there is a schedule), heal, final reads. The final
+    reads keep their own time limit (`final_time_limit`, given to the workload), so that running out
+    of time is recorded, not cut off; after a heal that did not succeed they read nothing from the
+    broken cluster (the workload's `final_unhealed`)."""
+    final = clients(workload.final_generator)
     if schedule is None:
-        return Phases((main, clients(TimeLimit(spec.final_time_limit, workload.final_generator))),
-                      names=("main", "final"))
+        return Phases((clients(TimeLimit(spec.time_limit, workload.generator)), final), names=("main", "final"))
     # One time limit over both, as in Jepsen: it starts with the first op either gives.
     main = TimeLimit(spec.time_limit, any_(clients(workload.generator), nemesis(Unfold(schedule.step, schedule.start))))
-    return Phases((main, nemesis(Once({"f": "heal"})),
-                   clients(TimeLimit(spec.final_time_limit, workload.final_generator))),
-                  names=("main", "heal", "final"))
+
+    def after_heal(heal):
+        error = heal.gen.error
+        if error is None:
+            return final
+        if workload.final_unhealed is None:
+            return None
+        return clients(workload.final_unhealed(f"the heal did not succeed: {error}"))
+
+    return Phases((main, nemesis(Heal()), after_heal), names=("main", "heal", "final"))
 
 
 def build(spec: TestSpec, remotes: dict, workdir: Path, net=None) -> Test:

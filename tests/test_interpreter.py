@@ -291,3 +291,130 @@ def test_an_operation_stuck_in_its_client_is_abandoned_as_indeterminate_and_the_
         release.set()
     assert [(o["process"], o["type"]) for o in sink.lines] == [(0, "invoke"), (0, "info"), (1, "invoke"), (1, "ok")]
     assert sink.lines[1]["error"] == "no completion within 0.3s: the call was abandoned"
+
+
+class FinalClient(FakeClient):
+    """Answers the final reader's operations: every key ends at offset 3, and `polls` records of
+    t/0 are read one per poll (fewer than 3: the reader runs out of time)."""
+
+    polls = 3
+
+    def invoke(self, op):
+        if op["f"] == "crash":
+            return {"type": "info", "error": "crashed on purpose"}
+        if op["f"] == "final-reads":
+            return {"type": "ok"}
+        if op["f"] == "assign":
+            self.read = 0
+            return {"type": "ok", "end_offsets": {k: 3 for k in op["keys"]}}
+        if op["f"] == "poll":
+            records = []
+            if self.read < self.polls:
+                records = [{"key": "t/0", "offset": self.read, "value": self.read}]
+                self.read += 1
+            return {"type": "ok", "mops": [{"f": "poll", "records": records}]}
+        return super().invoke(op)
+
+
+class Stubborn:
+    """A nemesis whose fault does nothing and whose repair takes `seconds`, then fails on `broken`
+    nodes (through the real repair helpers)."""
+
+    fs = ("stub", "unstub")
+
+    def __init__(self, seconds=0.0, broken=()):
+        self.seconds, self.broken, self.healed = seconds, set(broken), 0
+
+    def invoke(self, op):
+        return self.heal() if op["f"] == "unstub" else {"nodes": []}
+
+    def heal(self):
+        import time
+
+        from faultline.nemesis.core import finish, repair_each
+
+        time.sleep(self.seconds)
+        self.healed += 1
+
+        def fix(node):
+            if node in self.broken:
+                raise RuntimeError(f"the broker on {node} exited")
+
+        outcomes, _ = repair_each(["n1", "n2"], fix)
+        return finish({"outcomes": outcomes})
+
+
+def final_workload(spec: TestSpec, seconds: float) -> Workload:
+    from faultline.workloads.queue import FinalReads
+
+    keys = ("t/0", "t/1")
+    return Workload("fake", EachThread(lambda thread: Seq.of([])),
+                    EachThread(lambda thread: FinalReads(keys, seconds)), FinalClient,
+                    final_unhealed=lambda why: EachThread(lambda thread: FinalReads(keys, seconds, unread=why)))
+
+
+def run_map(tmp_path, spec, workload, nemeses) -> list[dict]:
+    test = Test(spec, FakeDB(), workload, {f: n for n in nemeses for f in n.fs},
+                generator_of(spec, workload, Schedule(spec.seed, [("stub", "unstub")], 0.05)))
+    history = HistoryWriter(tmp_path / "history.jsonl")
+    execute(test, history, tmp_path)
+    history.close()
+    return read_history(tmp_path / "history.jsonl").ops
+
+
+def test_every_repair_runs_and_records_its_nodes_and_after_a_failed_heal_nothing_is_read(tmp_path):
+    spec = TestSpec(seed=1, time_limit=0.3, final_time_limit=5, concurrency=2, nemesis_interval=0.05)
+    broken, fine = Stubborn(broken={"n2"}), Stubborn()
+
+    class Other(Stubborn):  # a second nemesis of its own class, healed after the one that fails
+        fs = ("other", "unother")
+
+    other = Other()
+    ops = run_map(tmp_path, spec, final_workload(spec, 5), [broken, other])
+    heal = [o for o in ops if o["f"] == "heal"][-1]
+    assert heal["type"] == "info"
+    assert heal["value"]["Stubborn"] == {"outcomes": {"n1": "healed", "n2": "n2: RuntimeError: the broker on n2 "
+                                                                            "exited"}}
+    assert heal["value"]["Other"] == {"outcomes": {"n1": "healed", "n2": "healed"}}, "run after the one that failed"
+    assert heal["error"] == "Stubborn: n2: RuntimeError: the broker on n2 exited"
+    after = ops[heal["index"] + 1:]
+    assert {o["f"] for o in after} == {"final-reads"}, "nothing is read from a cluster that was not healed"
+    records = [o for o in after if o["type"] == "ok"]
+    assert len(records) == spec.concurrency
+    assert all(o["final_reads"] == [{"key": k, "end": None, "read_to": 0, "outcome": "unavailable"}
+                                    for k in ("t/0", "t/1")] for o in records)
+
+
+def test_the_final_reads_run_after_the_heal_and_record_how_far_they_got_when_their_time_runs_out(tmp_path):
+    spec = TestSpec(seed=1, time_limit=0.3, final_time_limit=1.0, concurrency=2, nemesis_interval=0.05)
+    slow = Stubborn(seconds=1.5)  # longer than the final time limit: it must not eat into it
+    FinalClient.polls = 2
+    ops = run_map(tmp_path, spec, final_workload(spec, spec.final_time_limit), [slow])
+    heal = [o for o in ops if o["f"] == "heal"][-1]
+    assert "error" not in heal and heal["value"] == {"Stubborn": {"outcomes": {"n1": "healed", "n2": "healed"}}}
+    after = ops[heal["index"] + 1:]
+    crashes = [o for o in after if o["f"] == "crash" and o["type"] == "info"]
+    assert len(crashes) == spec.concurrency, "each final reader starts a fresh client"
+    polls = [o for o in after if o["f"] == "poll" and o["type"] == "ok"]
+    assert polls and all(o["process"] >= spec.concurrency for o in polls)
+    records = [o for o in after if o["f"] == "final-reads" and o["type"] == "ok"]
+    assert len(records) == spec.concurrency
+    for record in records:
+        assert record["final_reads"] == [{"key": "t/0", "end": 3, "read_to": 2, "outcome": "timeout"},
+                                         {"key": "t/1", "end": 3, "read_to": 0, "outcome": "timeout"}]
+        started = heal["time"] / 1e9
+        assert started + 0.9 < record["time"] / 1e9 < started + 2.0, "the time limit runs from the heal's end"
+
+
+def test_a_phase_made_from_the_one_before_starts_its_time_limit_when_its_last_thread_became_free():
+    gen = Phases((clients(Seq.of([{"f": "a"}])), nemesis(Seq.of([{"f": "heal"}])),
+                  lambda heal: clients(TimeLimit(1.0, Fn(lambda c: {"f": "b"})))))
+    threads, processes = (0, "nemesis"), {0: 0, "nemesis": "nemesis"}
+    op, gen = gen.op(Context(0.0, frozenset(threads), threads, processes, {0: 0.0, "nemesis": 0.0}))
+    gen = gen.update(Context(0.0, frozenset(["nemesis"]), threads, processes, {"nemesis": 0.0}),
+                     {**op, "type": "invoke", "thread": 0})
+    op, gen = gen.op(Context(0.5, frozenset(threads), threads, processes, {0: 0.5, "nemesis": 0.0}))
+    assert op["f"] == "heal"
+    # The heal took until 10 s; the client thread has been free since 0.5 s.
+    op, _ = gen.op(Context(10.0, frozenset(threads), threads, processes, {0: 0.5, "nemesis": 10.0}))
+    assert op["f"] == "b" and op["at"] == 10.0

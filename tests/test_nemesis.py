@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from faultline.nemesis import catalog
+from faultline.nemesis.core import RepairFailed
 
 
 class RecordingDB:
@@ -75,9 +76,11 @@ def test_kill_targets_and_restart(kind, check):
     assert pairs == [("kill", "start")]
     value = nemeses["kill"].invoke({"f": "kill", "seed": 5})
     assert check(value) and value["signal"] == "SIGKILL"
+    assert value["target"] == (kind.partition("-")[2] or "random"), "the kind of target it chose"
     assert [c for c in db.calls if c[0] == "kill"] == [("kill", n) for n in value["nodes"]]
     again = nemeses["start"].invoke({"f": "start"})
     assert sorted(again["nodes"]) == sorted(value["nodes"]) and not db.down
+    assert again["outcomes"] == {n: "healed" for n in value["nodes"]}
 
 
 @pytest.mark.parametrize("kind,count", [("power-loss", 1), ("power-loss-majority", 3), ("power-loss-all", 5)])
@@ -91,7 +94,7 @@ def test_power_loss_cuts_the_chosen_nodes_and_power_on_brings_each_back(kind, co
     assert value["pids"] == {n: {"broker": 100, "disk": 101} for n in value["nodes"]}
     second = nemeses["power-off"].invoke({"f": "power-off", "seed": 3})
     if count == len(NODES):
-        assert second == {"nodes": [], "note": "every node is already off"}
+        assert second == {"nodes": [], "target": "all", "note": "every node is already off"}
     else:
         assert second["nodes"] and not set(second["nodes"]) & set(value["nodes"]), "only nodes still on"
     back = nemeses["power-on"].invoke({"f": "power-on"})
@@ -114,7 +117,8 @@ def test_pause_is_undone_by_heal():
     nemeses, _ = catalog.build(["pause-leader"], db, NODES, KEYS)
     value = nemeses["pause"].invoke({"f": "pause", "seed": 3})
     assert value["signal"] == "SIGSTOP" and value["nodes"]
-    assert nemeses["pause"].heal() == {"nodes": value["nodes"], "signal": "SIGCONT"}
+    assert nemeses["pause"].heal() == {"nodes": value["nodes"], "signal": "SIGCONT",
+                                       "outcomes": {value["nodes"][0]: "healed"}}
     assert db.calls == [("pause", value["nodes"][0]), ("resume", value["nodes"][0])]
 
 
@@ -137,7 +141,8 @@ def test_clock_bumps_write_each_chosen_node_offset_and_heal_resets_them_to_where
     for node, seconds in offsets.items():
         assert (tmp_path / f"{node}.faketime").read_text() == f"{seconds:+d}\n"
     healed = nemeses["reset-clock"].invoke({"f": "reset-clock"})
-    assert healed == {"offsets_s": {node: db.start_offset(node) for node in sorted(offsets)}}
+    assert healed == {"offsets_s": {node: db.start_offset(node) for node in sorted(offsets)},
+                      "outcomes": {node: "healed" for node in NODES}}
     assert all((tmp_path / f"{n}.faketime").read_text() == f"{db.start_offset(n):+d}\n" for n in NODES)
 
 
@@ -174,3 +179,56 @@ def test_a_rolling_restart_stops_and_starts_each_broker_in_turn_and_needs_no_rep
     assert value == catalog.build(["rolling-restart"], RecordingDB(), NODES, KEYS)[0]["rolling-restart"].invoke(
         {"f": "rolling-restart", "seed": 4}), "the seed fixes the order"
     assert [op["f"] for op, _ in Schedule(1, pairs, 1.0).ops(3)] == ["rolling-restart"] * 3
+
+
+class FailingDB(RecordingDB):
+    """Starting, resuming or powering on a node in `broken` raises, as a broker that exits at once."""
+
+    def __init__(self, broken):
+        super().__init__()
+        self.broken = set(broken)
+
+    def _check(self, what, node):
+        if node in self.broken:
+            raise RuntimeError(f"the broker on {node} exited; its log ends: {what} failed")
+
+    def start(self, node):
+        self._check("start", node)
+        super().start(node)
+
+    def resume(self, node):
+        self._check("resume", node)
+        super().resume(node)
+
+    def power_on(self, node):
+        self._check("power-on", node)
+        return super().power_on(node)
+
+
+@pytest.mark.parametrize("kind,fault,repair", [("kill-all", "kill", "start"), ("power-loss-all", "power-off", "power-on")])
+def test_a_repair_that_fails_on_one_node_repairs_the_others_and_says_which_failed(kind, fault, repair):
+    db = FailingDB({"n2"})
+    nemeses, _ = catalog.build([kind], db, NODES, KEYS)
+    nemeses[fault].invoke({"f": fault, "seed": 1})
+    with pytest.raises(RepairFailed, match="n2: RuntimeError: the broker on n2 exited") as failed:
+        nemeses[repair].invoke({"f": repair})
+    outcomes = failed.value.value["outcomes"]
+    assert outcomes["n2"].startswith("n2: RuntimeError") and outcomes.pop("n2")
+    assert outcomes == {n: "healed" for n in NODES if n != "n2"}, "every other node was still repaired"
+    assert sorted(failed.value.value["nodes"]) == sorted(outcomes)
+    assert db.down == {"n2"}
+    db.broken.clear()
+    again = nemeses[fault].heal()
+    assert again["nodes"] == ["n2"] and again["outcomes"] == {"n2": "healed"}, "the failed node is tried again"
+    assert not db.down
+
+
+def test_a_pause_target_and_a_resume_that_fails_are_recorded():
+    db = FailingDB({"n3"})
+    nemeses, _ = catalog.build(["pause-leader"], db, NODES, KEYS)
+    value = nemeses["pause"].invoke({"f": "pause", "seed": 3})
+    assert value["target"] == "leader" and value["nodes"] == ["n3"] and value["leader_of"] == "t/2"
+    with pytest.raises(RepairFailed) as failed:
+        nemeses["resume"].invoke({"f": "resume"})
+    assert failed.value.value["outcomes"] == {"n3": "n3: RuntimeError: the broker on n3 exited; its log ends: "
+                                                     "resume failed"}

@@ -1,5 +1,6 @@
-"""The queue workload's generator: a seed fixes every worker's operations; final reads read every
-key to the end the broker named, and ask again whether it moved."""
+"""The queue workload's generator: a seed fixes every worker's operations; final reads start fresh
+clients, read every key to the end the broker named, ask again whether it moved, and always end
+with their record of how each key ended."""
 
 from __future__ import annotations
 
@@ -62,32 +63,90 @@ def test_an_op_not_taken_is_due_at_the_same_time_when_asked_again():
     assert first == again
 
 
-def test_final_reads_poll_to_the_named_ends_then_ask_again_and_stop_when_they_did_not_move():
+def done(gen, ctx, op, kind="ok", **fields):
+    """`gen` after `op` was invoked and completed with `kind` and `fields`."""
+    gen = gen.update(ctx, {**op, "type": "invoke", "thread": 0})
+    return gen.update(ctx, {**op, "type": kind, "thread": 0, **fields})
+
+
+def test_final_reads_start_fresh_clients_read_to_the_named_ends_ask_again_and_record_how_they_ended():
     ctx = one_thread()
-    gen = FinalReads(("t/0", "t/1"))
+    gen = FinalReads(("t/0", "t/1"), seconds=30)
     op, gen = gen.op(ctx)
-    assert (op["f"], op["seek_to_beginning"], op["final"]) == ("assign", True, True)
-    gen = gen.update(ctx, {**op, "type": "ok", "thread": 0, "end_offsets": {"t/0": 2, "t/1": 0}})
+    assert (op["f"], op["final"]) == ("crash", True), "a new producer and consumer, as Jepsen's final polls"
+    gen = done(gen, ctx, op, "info")
+    ctx = one_thread(process=4)
     op, gen = gen.op(ctx)
-    assert op["f"] == "poll"
-    gen = gen.update(ctx, {**op, "type": "ok", "thread": 0,
-                           "mops": [{"f": "poll", "records": [{"key": "t/0", "offset": 1, "value": 5}]}]})
+    assert (op["f"], op["seek_to_beginning"], op["final"], op["process"]) == ("assign", True, True, 4)
+    gen = done(gen, ctx, op, end_offsets={"t/0": 2, "t/1": 0})
+    op, gen = gen.op(ctx)
+    assert op["f"] == "poll" and op["final"]
+    gen = done(gen, ctx, op, mops=[{"f": "poll", "records": [{"key": "t/0", "offset": 1, "value": 5}]}])
     op, gen = gen.op(ctx)
     assert op["f"] == "assign" and op["seek_to_beginning"] is False, "the ends are reached: ask whether they moved"
-    moved = gen.update(ctx, {**op, "type": "ok", "thread": 0, "end_offsets": {"t/0": 3, "t/1": 0}})
+    moved = done(gen, ctx, op, end_offsets={"t/0": 3, "t/1": 0})
     assert moved.op(ctx)[0]["f"] == "poll", "an end moved: read on to it"
-    same = gen.update(ctx, {**op, "type": "ok", "thread": 0, "end_offsets": {"t/0": 2, "t/1": 0}})
+    same = done(gen, ctx, op, end_offsets={"t/0": 2, "t/1": 0})
+    op, same = same.op(ctx)
+    assert op["f"] == "final-reads" and op["final"] and "mops" not in op
+    assert op["final_reads"] == [{"key": "t/0", "end": 2, "read_to": 2, "outcome": "reached"},
+                                 {"key": "t/1", "end": 0, "read_to": 0, "outcome": "reached"}]
+    same = done(same, ctx, op)
     assert same.op(ctx) is None
+
+
+def test_final_reads_that_run_out_of_time_record_where_they_got_and_which_keys_were_unavailable():
+    gen = FinalReads(("t/0", "t/1", "t/2"), seconds=10)
+    op, gen = gen.op(one_thread(since=5.0))
+    gen = done(gen, one_thread(), op, "info")
+    ctx = one_thread(process=4, since=6.0)
+    op, gen = gen.op(ctx)
+    gen = done(gen, ctx, op, end_offsets={"t/0": 4, "t/1": 3}, unavailable={"t/2": "the end offset is unknown"})
+    op, gen = gen.op(ctx)
+    gen = done(gen, ctx, op, mops=[{"f": "poll", "records": [{"key": "t/0", "offset": o, "value": o}
+                                                            for o in range(4)]}])
+    assert gen.op(one_thread(process=4, since=14.0))[0]["f"] == "poll", "before the deadline: read on"
+    # 10 s after the reader was first asked (at 5 s), whatever it was doing, it records.
+    op, gen = gen.op(one_thread(process=4, since=15.2))
+    assert op["f"] == "final-reads" and op["at"] == 15.2
+    assert op["final_reads"] == [{"key": "t/0", "end": 4, "read_to": 4, "outcome": "reached"},
+                                 {"key": "t/1", "end": 3, "read_to": 0, "outcome": "timeout"},
+                                 {"key": "t/2", "end": None, "read_to": 0, "outcome": "unavailable"}]
+
+
+def test_a_final_reader_waiting_to_ask_again_records_at_its_deadline():
+    ctx = one_thread()
+    gen = FinalReads(("t/0",), seconds=1)
+    op, gen = gen.op(ctx)
+    gen = done(gen, ctx, op, "info")
+    op, gen = gen.op(ctx)
+    gen = done(gen, ctx, op, "fail", error="Local: Broker transport failure")
+    for _ in range(5):  # each failed assign doubles the wait before the next, up to 2 s
+        op, gen = gen.op(ctx)
+        if op["f"] != "assign":
+            break
+        gen = done(gen, ctx, op, "fail", error="Local: Broker transport failure")
+    assert op["f"] == "final-reads" and op["at"] == 1.0, "the wait would end after the deadline"
+    assert op["final_reads"] == [{"key": "t/0", "end": None, "read_to": 0, "outcome": "unavailable"}]
+
+
+def test_after_a_failed_heal_the_final_readers_read_nothing_and_say_so():
+    op, gen = FinalReads(("t/0", "t/1"), seconds=30, unread="the heal did not succeed").op(one_thread())
+    assert op["f"] == "final-reads"
+    assert [r["outcome"] for r in op["final_reads"]] == ["unavailable", "unavailable"]
+    assert done(gen, one_thread(), op).op(one_thread()) is None
 
 
 def test_final_reads_start_over_after_a_crash():
     ctx = one_thread()
     op, gen = FinalReads(("t/0",)).op(ctx)
-    gen = gen.update(ctx, {**op, "type": "ok", "thread": 0, "end_offsets": {"t/0": 4}})
+    gen = done(gen, ctx, op, "info")
+    op, gen = gen.op(one_thread(process=4))
+    gen = done(gen, ctx, op, end_offsets={"t/0": 4})
     op, gen = gen.op(ctx)
-    gen = gen.update(ctx, {**op, "type": "info", "thread": 0})
-    op, _ = gen.op(one_thread(process=4))
-    assert (op["f"], op["seek_to_beginning"], op["process"]) == ("assign", True, 4)
+    gen = done(gen, ctx, op, "info")
+    op, _ = gen.op(one_thread(process=8))
+    assert (op["f"], op["seek_to_beginning"], op["process"]) == ("assign", True, 8), "no second crash: a new client"
 
 
 def test_nemesis_schedule_replays_and_alternates_fault_and_repair():

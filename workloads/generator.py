@@ -15,7 +15,7 @@ operation, not take it (a completion arrived first), and ask again.
 
 Combinators build tests out of small parts: a list of ops (`Seq`), `Once`,
 `Fn` (an op computed from the context), `Phases` (each runs to its end on
-every thread before the next starts), `Any` (the soonest op of several),
+every thread before the next starts; a phase may be made from the one before), `Any` (the soonest op of several),
 `Mix` (a random one of several, reproducibly), `Stagger` (random delays),
 `TimeLimit`, `EachThread` (a generator of its own per thread, or per process),
 `UntilOk` (until one op completes ok), `OnThreads`, `clients` and `nemesis`
@@ -203,12 +203,19 @@ def nemesis(gen) -> OnThreads:
 class Phases:
     """Each generator in turn; the next starts only when the one before is exhausted and every
     thread is free (Jepsen's `phases`, a `then` with `synchronize`). `names` label the phases for
-    progress lines."""
+    progress lines.
+
+    An item may instead be a function of the phase before it (that phase's generator, exhausted,
+    with every completion of its ops seen): it is called when its phase starts and returns the
+    phase's generator, or None to skip it. A phase starts when its last thread became free: the
+    generators of a later phase see no thread as free since earlier (so a time limit or deadline of
+    the phase runs from its start, not from when a thread finished its last op of the phase before)."""
 
     gens: tuple
     names: tuple = ()
     index: int = 0
     waiting: bool = False  # the current phase is over; the next waits for every thread to be free
+    started: float | None = None  # when the current phase started (None: the first, as it began)
 
     @property
     def phase(self) -> str:
@@ -216,14 +223,26 @@ class Phases:
             return self.names[self.index]
         return f"phase {self.index + 1}"
 
+    def _within(self, ctx: Context) -> Context:
+        if self.started is None:
+            return ctx
+        return dataclasses.replace(ctx, free_since={t: max(s, self.started) for t, s in ctx.free_since.items()})
+
     def op(self, ctx):
         gen = self
         while gen.index < len(gen.gens):
             if gen.waiting:
                 if not ctx.all_free:
                     return PENDING
-                gen = dataclasses.replace(gen, waiting=False)
-            answer = gen.gens[gen.index].op(ctx)
+                current = gen.gens[gen.index]
+                if not hasattr(current, "op"):
+                    current = current(gen.gens[gen.index - 1])
+                started = max((ctx.free_since.get(t, ctx.time) for t in ctx.threads), default=ctx.time)
+                gen = dataclasses.replace(gen, waiting=False, started=started)._with_current(current)
+                if current is None:
+                    gen = dataclasses.replace(gen, index=gen.index + 1, waiting=True)
+                    continue
+            answer = gen.gens[gen.index].op(gen._within(ctx))
             if answer is None:
                 gen = dataclasses.replace(gen, index=gen.index + 1, waiting=True)
                 continue
@@ -240,7 +259,7 @@ class Phases:
     def update(self, ctx, event):
         if self.index >= len(self.gens):
             return self
-        return self._with_current(self.gens[self.index].update(ctx, event))
+        return self._with_current(self.gens[self.index].update(self._within(ctx), event))
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,14 @@ value = n * concurrency + worker.
 
 Client. In: one operation (a history op's invocation fields). Out: its
 completion (`ok`, `fail` or `info`, with offsets or records filled in),
-performed through confluent-kafka (librdkafka) against the broker.
+performed through confluent-kafka (librdkafka) against the broker. A send's
+outcome, and each of its messages', comes from one table (SEND_OUTCOMES) of
+what librdkafka can report; an acknowledged offset is always recorded, even
+when the operation as a whole is indeterminate.
+
+Final reads (`FinalReads`): a crash for fresh clients, an assign of every key
+from the beginning with the broker's end offsets, polls to those ends, and a
+closing `final-reads` record of how each key ended, also when time runs out.
 """
 
 from __future__ import annotations
@@ -34,59 +41,174 @@ LOG_START = 0
 # the runner sends them to clients.log in the run's store folder.
 LIBRDKAFKA_LOG = logging.getLogger("faultline.librdkafka")
 
-# What a delivery report's error says of whether the broker wrote the message.
-# Refused before anything was written, whatever came before: the message never left the client
-# (_UNKNOWN_*, a purge of the queue), or a broker refusal that no attempt gets past and that
-# librdkafka does not retry (a retry of an earlier, possibly written attempt would have been
-# refused the same way).
-NEVER_WRITTEN = {
-    KafkaError._UNKNOWN_PARTITION,
-    KafkaError._UNKNOWN_TOPIC,
-    KafkaError._PURGE_QUEUE,
-    KafkaError.MSG_SIZE_TOO_LARGE,
-    KafkaError.INVALID_REQUIRED_ACKS,
-    KafkaError.INVALID_MSG,  # CORRUPT_MESSAGE: the CRC check refused it
-    KafkaError.TOPIC_AUTHORIZATION_FAILED,
-    KafkaError.RECORD_LIST_TOO_LARGE,
-    KafkaError.INVALID_RECORD,
+# What the client learned of one message of a send says whether the broker wrote it. One table,
+# SEND_OUTCOMES, maps each thing the workload can see to the send's outcome (history-format.md,
+# Completion types): `ok` (acknowledged: written), `fail` (no attempt of it can have been written)
+# or `info` (it may have been written, now or later). The rows are keyed by librdkafka's error code
+# (KafkaError.NO_ERROR for an acknowledgement) or, for messages that got no delivery report, by
+# NO_REPORT, NOT_QUEUED and NOT_SENT.
+#
+# A refusal says only that the attempt it answers was not written. librdkafka retries a message
+# (up to `retries`) after a timeout, a broken connection and most refusals; an attempt that timed
+# out in flight may have been written, and a later attempt can still be refused: the broker checks
+# the ISR, the leadership and the CRC before it recognises a retry as a duplicate (as Kafka does),
+# so not even idempotence makes a final refusal certain. The client cannot see whether an earlier
+# attempt timed out in flight (librdkafka's message status is not exposed to Python), so a refusal
+# is `fail` only when the send had a single attempt (retries=0), and `info` whenever librdkafka may
+# have retried it.
+
+NO_REPORT = "no-report"
+NOT_QUEUED = "not-queued"
+NOT_SENT = "not-sent"
+
+
+@dataclass(frozen=True)
+class SendOutcome:
+    """A row of SEND_OUTCOMES: the outcome of a message when the send had a single attempt
+    (retries=0), the outcome when librdkafka may have retried it (retries > 0), and why."""
+
+    one_attempt: str
+    retried: str
+    reason: str
+
+    def type(self, retries: int) -> str:
+        return self.one_attempt if retries == 0 else self.retried
+
+
+def _refused(what: str) -> SendOutcome:
+    return SendOutcome("fail", "info", f"{what}: this attempt was refused before the append, but an earlier "
+                                       f"attempt that timed out in flight may have been written")
+
+
+def _maybe_written(what: str) -> SendOutcome:
+    return SendOutcome("info", "info", what)
+
+
+E = KafkaError
+SEND_OUTCOMES: dict[int | str, SendOutcome] = {
+    # Acknowledged.
+    E.NO_ERROR: SendOutcome("ok", "ok", "acknowledged: the broker wrote it at the offset it reported"),
+    E.DUPLICATE_SEQUENCE_NUMBER: SendOutcome(
+        "ok", "ok", "the broker already holds this batch from an earlier attempt (librdkafka reports it as "
+                    "delivered, without an offset)"),
+    # No delivery report, or never handed to librdkafka.
+    NO_REPORT: _maybe_written("no delivery report before the timeout: it may be in flight or written"),
+    NOT_QUEUED: SendOutcome("fail", "fail", "produce() refused it: it never left the client"),
+    NOT_SENT: SendOutcome("fail", "fail", "not produced: produce() refused an earlier message of the operation"),
+    # Refused by the client itself: certain only if it was never sent before (a retried message goes
+    # back to the queue, where these can still befall it).
+    E._UNKNOWN_PARTITION: _refused("the client knows no such partition"),
+    E._UNKNOWN_TOPIC: _refused("the client knows no such topic"),
+    E._PURGE_QUEUE: _refused("purged from the client's queue"),
+    E._TIMED_OUT_QUEUE: _refused("timed out in the client's queue"),
+    # Refused by the broker before the append.
+    E.NOT_ENOUGH_REPLICAS: _refused("the ISR is smaller than min.insync.replicas"),
+    E.NOT_LEADER_FOR_PARTITION: _refused("the broker does not lead the partition"),
+    E.LEADER_NOT_AVAILABLE: _refused("the partition has no leader"),
+    E.UNKNOWN_TOPIC_OR_PART: _refused("the broker knows no such partition"),
+    E.FENCED_LEADER_EPOCH: _refused("the broker's leader epoch is newer"),
+    E.UNKNOWN_LEADER_EPOCH: _refused("the broker's leader epoch is older"),
+    E.INVALID_MSG: _refused("CORRUPT_MESSAGE: the CRC check refused it (librdkafka retries it)"),
+    E.MSG_SIZE_TOO_LARGE: _refused("the batch is larger than the broker takes (a retry may batch differently)"),
+    E.RECORD_LIST_TOO_LARGE: _refused("the batch is larger than a segment"),
+    E.INVALID_RECORD: _refused("a record of the batch failed the broker's validation"),
+    E.INVALID_TIMESTAMP: _refused("the timestamp is out of range"),
+    E.TOPIC_AUTHORIZATION_FAILED: _refused("not authorised to write the topic"),
+    E.CLUSTER_AUTHORIZATION_FAILED: _refused("not authorised to produce idempotently"),
+    E.OUT_OF_ORDER_SEQUENCE_NUMBER: _refused("the sequence number leaves a gap"),
+    E.UNKNOWN_PRODUCER_ID: _refused("the broker knows no state of this producer"),
+    E.INVALID_PRODUCER_EPOCH: _refused("the producer's epoch is old"),
+    E.PRODUCER_FENCED: _refused("a newer producer fenced this one"),
+    E.INVALID_TXN_STATE: _refused("the transaction is in the wrong state"),
+    E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: _refused("not authorised for the transactional id"),
+    E.UNSUPPORTED_FOR_MESSAGE_FORMAT: _refused("the broker's message format does not support it"),
+    E.UNSUPPORTED_VERSION: _refused("the broker does not support the request version"),
+    E.POLICY_VIOLATION: _refused("a broker policy refused it"),
+    E.THROTTLING_QUOTA_EXCEEDED: _refused("throttled"),
+    # The same refusal for every attempt, decided before any append: the producer's acks setting.
+    E.INVALID_REQUIRED_ACKS: SendOutcome("fail", "fail", "the broker refuses the producer's acks setting, for "
+                                                         "every attempt alike, before any append"),
+    # Maybe written.
+    E._MSG_TIMED_OUT: _maybe_written("message.timeout.ms passed: an attempt may be in flight or written"),
+    E._TIMED_OUT: _maybe_written("the request timed out in flight"),
+    E.REQUEST_TIMED_OUT: _maybe_written("the broker appended it and timed out waiting for its replicas"),
+    E.NOT_ENOUGH_REPLICAS_AFTER_APPEND: _maybe_written("written by the leader; the ISR shrank below "
+                                                       "min.insync.replicas before it was replicated"),
+    E._TRANSPORT: _maybe_written("the connection broke with the request in flight"),
+    E.NETWORK_EXCEPTION: _maybe_written("the broker disconnected before it answered"),
+    E._PURGE_INFLIGHT: _maybe_written("purged while in flight"),
+    E._DESTROY: _maybe_written("the producer was closed with it queued or in flight"),
+    E._ALL_BROKERS_DOWN: _maybe_written("every broker connection is down"),
+    E._FAIL: _maybe_written("the connection to the broker failed"),
+    E.KAFKA_STORAGE_ERROR: _maybe_written("a disk error on the broker: the append may be partial"),
+    E._FATAL: _maybe_written("a fatal producer error: its idempotence state is lost"),
+    E._FENCED: _maybe_written("the producer was fenced"),
+    E._INCONSISTENT: _maybe_written("librdkafka's idempotence state is inconsistent"),
+    E._GAPLESS_GUARANTEE: _maybe_written("librdkafka stopped to keep the ordering gap-less"),
+    E.UNKNOWN: _maybe_written("an unknown broker error"),
 }
-# The last attempt was refused before the append, but librdkafka retries these: an earlier
-# attempt that timed out may have been written. With idempotence a retry of a written batch is
-# answered as a duplicate (success), so a final refusal means nothing was written; without it, or
-# when it was the only attempt (retries=0), it is certain only in the second case.
-REFUSED_BEFORE_APPEND = {
-    KafkaError.NOT_ENOUGH_REPLICAS,
-    KafkaError.UNKNOWN_TOPIC_OR_PART,
-    KafkaError.NOT_LEADER_FOR_PARTITION,
-    KafkaError.LEADER_NOT_AVAILABLE,
-    KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
-}
-# Everything else is indeterminate: timeouts (_MSG_TIMED_OUT, REQUEST_TIMED_OUT, _TIMED_OUT),
-# transport failures, a purge of messages in flight, NOT_ENOUGH_REPLICAS_AFTER_APPEND (written
-# by the leader, not known to be replicated), fatal producer errors.
+del E
+# Any code the table does not name.
+UNLISTED = _maybe_written("an error this table does not name: whether it was written is unknown")
 
 
-def certainly_not_written(code: int, idempotent: bool, retries: int) -> bool:
-    """Whether a message whose delivery report carries this error code was certainly not written."""
-    if code in NEVER_WRITTEN:
-        return True
-    return code in REFUSED_BEFORE_APPEND and (idempotent or retries == 0)
+@dataclass(frozen=True)
+class Report:
+    """What the client learned of one message: `row`, the key of its SEND_OUTCOMES row (an error
+    code, or one of NO_REPORT, NOT_QUEUED, NOT_SENT); the offset of an acknowledgement; the error's
+    text."""
+
+    row: int | str
+    offset: int | None = None
+    detail: str = ""
+
+    @classmethod
+    def delivered(cls, err: KafkaError | None, offset: int | None) -> "Report":
+        if err is None:
+            return cls(KafkaError.NO_ERROR, offset)
+        return cls(err.code(), None, err.str())
 
 
-def send_completion(mops: list[Op], reports: list, remaining: int, idempotent: bool, retries: int) -> Op:
-    """A send's completion from its delivery reports (one per mop: (error or None, offset), or None
-    when none came) and the messages still queued: ok when every message was acknowledged, fail when
-    none of them can have been written, info otherwise."""
-    if remaining or any(r is None for r in reports):
-        return {"type": "info", "mops": mops, "error": "no delivery report before the timeout"}
-    errors = [err for err, _ in reports if err is not None]
-    if not errors:
-        return {"type": "ok", "mops": [dict(m, offset=(off if off is not None and off >= 0 else None))
-                                       for m, (_, off) in zip(mops, reports)]}
-    text = "; ".join(sorted({e.str() for e in errors}))
-    if len(errors) == len(reports) and all(certainly_not_written(e.code(), idempotent, retries) for e in errors):
-        return {"type": "fail", "mops": mops, "error": text}
-    return {"type": "info", "mops": mops, "error": text}
+def send_outcome(report: "Report | None") -> SendOutcome:
+    return SEND_OUTCOMES.get(NO_REPORT if report is None else report.row, UNLISTED)
+
+
+def send_completion(mops: list[Op], reports: "list[Report | None]", retries: int) -> Op:
+    """A send's completion from what the client learned of each message (`reports`, one per mop;
+    None: no delivery report came). Every mop keeps its outcome: an acknowledged one its `offset`
+    (null when the broker gave none, as with acks=0), the others `offset: null` and `error`. The
+    operation is ok when every message was acknowledged, fail when none can have been written, info
+    otherwise: a partly acknowledged send is info with the acknowledged offsets kept."""
+    out, types, errors = [], set(), []
+    for mop, report in zip(mops, reports):
+        outcome = send_outcome(report)
+        kind = outcome.type(retries)
+        types.add(kind)
+        if kind == "ok":
+            offset = report.offset if report is not None else None
+            out.append(dict(mop, offset=offset if offset is not None and offset >= 0 else None))
+            continue
+        error = (report.detail if report is not None and report.detail else outcome.reason)
+        out.append(dict(mop, offset=None, error=error))
+        errors.append(error)
+    if types == {"ok"}:
+        return {"type": "ok", "mops": out}
+    kind = "fail" if types == {"fail"} else "info"
+    return {"type": kind, "mops": out, "error": "; ".join(sorted(set(errors)))}
+
+
+# A transaction's commit (for a transactional workload): committed, certainly not (the transaction
+# must be aborted: nothing it wrote becomes visible to read_committed consumers), or unknown (a
+# commit that timed out or failed in flight may still complete).
+def commit_outcome(err: KafkaError | None) -> tuple[str, str]:
+    """(ok / fail / info, why) of `commit_transaction()` given the error it raised (None: none)."""
+    if err is None:
+        return "ok", "committed"
+    if err.txn_requires_abort():
+        return "fail", "the transaction must be aborted: nothing it wrote is committed"
+    if err.code() in (KafkaError._TIMED_OUT, KafkaError._MSG_TIMED_OUT, KafkaError.REQUEST_TIMED_OUT):
+        return "info", "the commit timed out: it may still complete"
+    return "info", "the commit failed in flight: it may have completed"
 
 
 def parse_key(key: str) -> tuple[str, int]:
@@ -155,53 +277,112 @@ class QueueGenerator:
 
 @dataclass(frozen=True)
 class FinalReads:
-    """Jepsen's final reads, for one worker: assign every key from the beginning, learning from the
-    broker where each key ends (`end_offsets` on the assign's completion), and poll until the
-    consumer has read every key to that end. Then assign again without rewinding, to learn whether
-    the ends moved meanwhile (a leader still bringing its followers up to date after the heal):
-    done when they did not, otherwise poll on to the new ends. A crashed process starts over."""
+    """Jepsen's final reads, for one worker (history-format.md, Final reads). First a `crash`, so
+    that the reads run on a new producer and consumer with nothing carried over from the main phase;
+    then assign every key from the beginning, learning from the broker where each key ends
+    (`end_offsets` on the assign's completion), and poll until the consumer has read every key to
+    that end. Then assign again without rewinding, to learn whether the ends moved meanwhile (a
+    leader still bringing its followers up to date after the heal): done when they did not,
+    otherwise poll on to the new ends. A key whose end the broker could not say is asked again
+    (backing off); a crashed process starts over from the assign.
+
+    Whatever happens, the reader ends with its record: a `final-reads` operation whose
+    `final_reads` says, per key, the end it aimed for, how far it read and whether it reached the
+    end, could not read the key (`unavailable`) or ran out of time (`timeout`). It is given when
+    the reads are done, or `seconds` after the reader was first asked for an operation (the final
+    phase's time limit: it is its own, so that running out of time is recorded); with `unread`
+    (why: the heal did not succeed) at once, reading nothing."""
 
     keys: tuple
-    targets: Mapping[str, int] | None = None  # None: the next op is an assign from the beginning
+    seconds: float = 30.0
+    unread: str | None = None
+    fresh: bool = False  # the process's clients were opened for the final reads
+    targets: Mapping[str, int] | None = None  # None: the next read is an assign from the beginning
     positions: Mapping[str, int] = field(default_factory=dict)
-    rewind: bool = True
-    done: bool = False
-    backoff: float = 0.0  # seconds to wait after a failed assign, doubling up to RETRY_MAX
+    unavailable: Mapping[str, str] = field(default_factory=dict)  # key -> why its end is unknown
+    stable: bool = False  # every key read to its end, and the ends did not move
+    closed: bool = False  # the record was given
+    deadline: float | None = None
+    backoff: float = 0.0  # seconds to wait before the next assign, doubling up to RETRY_MAX
 
     RETRY_MAX = 2.0
 
     def _reached(self) -> bool:
         return self.targets is not None and all(self.positions.get(k, 0) >= end for k, end in self.targets.items())
 
+    def record(self) -> list[dict]:
+        """Per key: the end it aimed for, one past the highest offset read, and the outcome."""
+        out = []
+        for key in self.keys:
+            end = None if self.unread is not None or self.targets is None else self.targets.get(key)
+            read_to = 0 if self.unread is not None else self.positions.get(key, 0)
+            if end is not None and read_to >= end:
+                outcome = "reached"
+            elif self.unread is not None or key in self.unavailable:
+                outcome = "unavailable"
+            else:
+                outcome = "timeout"
+            out.append({"key": key, "end": end, "read_to": read_to, "outcome": outcome})
+        return out
+
+    def _next(self) -> Op:
+        if not self.fresh:
+            return {"f": "crash", "final": True}
+        if self.targets is None or self._reached():
+            return {"f": "assign", "keys": list(self.keys), "seek_to_beginning": self.targets is None, "final": True}
+        return {"f": "poll", "mops": [{"f": "poll"}], "final": True}
+
     def op(self, ctx):
-        if self.done:
+        if self.closed:
             return None
-        if self.targets is None or (self._reached() and not self.rewind):
-            op = {"f": "assign", "keys": list(self.keys), "seek_to_beginning": self.rewind, "final": True}
-        else:
-            op = {"f": "poll", "mops": [{"f": "poll"}], "final": True}
         thread = ctx.some_free_thread()
         if thread is None:
             return PENDING
-        return fill({**op, "at": ctx.since(thread) + self.backoff}, ctx, thread), self
+        since = ctx.since(thread)
+        deadline = self.deadline if self.deadline is not None else since + self.seconds
+        after = dataclasses.replace(self, deadline=deadline)
+        if self.unread is not None or self.stable:
+            op, at = None, since
+        else:
+            op = self._next()
+            at = since + (self.backoff if op["f"] == "assign" else 0.0)
+            if at >= deadline:
+                op, at = None, max(since, deadline)
+        if op is None:
+            op = {"f": "final-reads", "final": True, "final_reads": self.record()}
+        return fill({**op, "at": at}, ctx, thread), after
 
     def update(self, ctx, event):
         if event["type"] == "invoke":
             return self
+        f = event["f"]
+        if f == "final-reads":
+            return dataclasses.replace(self, closed=True)
         if event["type"] == "info":
-            return FinalReads(self.keys)
-        if event["f"] == "assign":
+            # The process is over (the crash, or an operation that may not have ended): its
+            # successor opens new clients and reads from the beginning again.
+            return dataclasses.replace(self, fresh=True, targets=None, positions={}, stable=False,
+                                       backoff=0.0 if f == "crash" else self.backoff)
+        if f == "assign":
             if event["type"] != "ok":
-                return dataclasses.replace(self, backoff=min(self.RETRY_MAX, max(0.1, 2 * self.backoff)))
-            ends = dict(event["end_offsets"])
-            if not event.get("seek_to_beginning") and ends == dict(self.targets or {}):
-                return dataclasses.replace(self, done=True)
-            positions = {} if event.get("seek_to_beginning") else dict(self.positions)
-            return dataclasses.replace(self, targets=ends, positions=positions, rewind=False, backoff=0.0)
+                why = event.get("error") or "the assign failed"
+                return dataclasses.replace(self, unavailable={k: why for k in self.keys}, backoff=self._longer())
+            ends = dict(event.get("end_offsets") or {})
+            unavailable = dict(event.get("unavailable") or {})
+            backoff = self._longer() if unavailable else 0.0
+            if event.get("seek_to_beginning"):
+                return dataclasses.replace(self, targets=ends, positions={}, unavailable=unavailable, backoff=backoff)
+            stable = not unavailable and set(ends) == set(self.keys) and ends == dict(self.targets or {})
+            return dataclasses.replace(self, targets={**(self.targets or {}), **ends}, unavailable=unavailable,
+                                       stable=stable, backoff=backoff)
         positions = dict(self.positions)
-        for rec in event["mops"][0].get("records", []):
-            positions[rec["key"]] = max(positions.get(rec["key"], 0), rec["offset"] + 1)
+        for mop in event.get("mops") or []:
+            for rec in mop.get("records") or []:
+                positions[rec["key"]] = max(positions.get(rec["key"], 0), rec["offset"] + 1)
         return dataclasses.replace(self, positions=positions)
+
+    def _longer(self) -> float:
+        return min(self.RETRY_MAX, max(0.1, 2 * self.backoff))
 
 
 class QueueClient:
@@ -253,29 +434,36 @@ class QueueClient:
             return self._poll(op)
         if f == "assign":
             return self._assign(op)
+        if f == "crash":
+            # Jepsen's crash: the process ends (info), and its successor opens new clients.
+            return {"type": "info", "error": "crashed on purpose: the next operation opens a new producer and "
+                                             "consumer"}
+        if f == "final-reads":
+            # The final reader's own account (`final_reads`, on the op) is all there is to record.
+            return {"type": "ok"}
         raise ValueError(f"the queue client cannot perform {f!r}")
 
     def _send(self, op: Op) -> Op:
-        results: list[tuple[KafkaError | None, int | None]] = [None] * len(op["mops"])  # type: ignore[list-item]
+        mops = op["mops"]
+        reports: list[Report | None] = [None] * len(mops)
 
         def report(i: int):
             def delivered(err, msg):
-                results[i] = (err, None if err else msg.offset())
+                reports[i] = Report.delivered(err, None if err else msg.offset())
             return delivered
 
-        try:
-            for i, mop in enumerate(op["mops"]):
-                topic, partition = parse_key(mop["key"])
-                self.producer.produce(topic, str(mop["value"]).encode(), partition=partition,
-                                      on_delivery=report(i))
-        except (BufferError, KafkaException) as exc:
-            # Nothing queued after the one that raised; those queued may still go out.
-            self.producer.flush(self.send_timeout)
-            if all(r is None for r in results):
-                return {"type": "fail", "mops": op["mops"], "error": f"produce refused: {exc}"}
-            return {"type": "info", "mops": op["mops"], "error": f"produce refused part way: {exc}"}
-        remaining = self.producer.flush(self.send_timeout)
-        return send_completion(op["mops"], results, remaining, self.idempotent, self.retries)
+        for i, mop in enumerate(mops):
+            topic, partition = parse_key(mop["key"])
+            try:
+                self.producer.produce(topic, str(mop["value"]).encode(), partition=partition, on_delivery=report(i))
+            except (BufferError, KafkaException) as exc:
+                # Never queued, and nothing after it is produced; those queued may still go out.
+                reports[i] = Report(NOT_QUEUED, detail=f"produce() refused it: {exc or type(exc).__name__}")
+                reports[i + 1:] = [Report(NOT_SENT) for _ in mops[i + 1:]]
+                break
+        # What is still queued after the wait gets no report here: None, indeterminate.
+        self.producer.flush(self.send_timeout)
+        return send_completion(mops, reports, self.retries)
 
     def _poll(self, op: Op) -> Op:
         if not self.assignment:
@@ -331,25 +519,46 @@ class QueueClient:
         self.assignment = list(op["keys"])
         if not op.get("final"):
             return {"type": "ok"}
-        # A final read records where the logs end, so the check knows the whole final log.
-        try:
-            return {"type": "ok", "end_offsets": self.end_offsets(op["keys"])}
-        except KafkaException as exc:
-            return {"type": "fail", "error": f"the end offsets are unknown: {exc}"}
+        # A final read records where the logs end, so the check knows the whole final log; a key
+        # whose end the broker cannot say now is named, with why, in `unavailable`.
+        ends, unavailable = self.end_offsets(op["keys"])
+        done: Op = {"type": "ok", "end_offsets": ends}
+        if unavailable:
+            done["unavailable"] = unavailable
+        return done
 
-    def end_offsets(self, keys: list[str]) -> dict[str, int]:
+    def end_offsets(self, keys: list[str]) -> tuple[dict[str, int], dict[str, str]]:
         """Where each key's log ends for consumers now: its high watermark, asked of the broker
-        (ListOffsets latest, not librdkafka's cache). Raises KafkaException when it cannot say."""
-        ends = {}
+        (ListOffsets latest, not librdkafka's cache). Returns (end by key, why by key for the keys
+        whose end the broker could not say)."""
+        ends: dict[str, int] = {}
+        unavailable: dict[str, str] = {}
+        known_topics = set()
         for topic in sorted({parse_key(k)[0] for k in keys}):
             # A new consumer knows no partition until it has the topic's metadata: without it the
             # query answers _UNKNOWN_PARTITION at once.
-            self.consumer.list_topics(topic, timeout=5)
+            try:
+                self.consumer.list_topics(topic, timeout=5)
+                known_topics.add(topic)
+            except KafkaException as exc:
+                for key in keys:
+                    if parse_key(key)[0] == topic:
+                        unavailable[key] = f"no metadata for {topic}: {exc}"
         for key in keys:
             topic, partition = parse_key(key)
-            _, ends[key] = self.consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=5,
-                                                               cached=False)
-        return ends
+            if topic not in known_topics:
+                continue
+            try:
+                _, end = self.consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=5,
+                                                             cached=False)
+            except KafkaException as exc:
+                unavailable[key] = f"the end offset is unknown: {exc}"
+                continue
+            if end is None or end < 0:
+                unavailable[key] = f"the broker gave no end offset ({end})"
+            else:
+                ends[key] = end
+        return ends, unavailable
 
 
 def workload(spec) -> Workload:
@@ -365,7 +574,9 @@ def workload(spec) -> Workload:
     return Workload(
         name="queue",
         generator=EachThread(main),
-        final_generator=EachThread(lambda thread: FinalReads(tuple(spec.keys))),
+        final_generator=EachThread(lambda thread: FinalReads(tuple(spec.keys), spec.final_time_limit)),
+        final_unhealed=lambda why: EachThread(lambda thread: FinalReads(tuple(spec.keys), spec.final_time_limit,
+                                                                        unread=why)),
         client=client,
         hints={"consumer_mode": "assign", "transactions": False},
     )

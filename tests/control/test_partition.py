@@ -5,12 +5,14 @@ from __future__ import annotations
 import random
 
 import networkx as nx
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from faultline.control.net import Net
 from faultline.control.wait import wait_until
 from faultline.nemesis import grudges
+from faultline.nemesis.core import RepairFailed
 from faultline.nemesis.partition import PartitionNemesis
 from .helpers import PY, SERVER
 
@@ -80,7 +82,7 @@ def test_a_partition_stops_traffic_both_ways_and_heal_restores_exactly_it(cluste
     assert probe(cluster, "n2", "n1") == "timeout"
     assert probe(cluster, "n2", "n3").startswith("ok"), "the majority side still talks"
     assert len(net.rules("n1")) == 4 and len(net.rules("n2")) == 2
-    assert net.heal() == ["n1", "n2", "n3"]
+    assert net.heal() == {"n1": "healed", "n2": "healed", "n3": "healed"}
     assert all(net.rules(n) == [] for n in ("n1", "n2", "n3"))
     assert probe(cluster, "n1", "n2").startswith("ok") and probe(cluster, "n2", "n1").startswith("ok")
     rules = cluster.remotes["n1"].run(["iptables", "-S", "INPUT"]).stdout
@@ -116,3 +118,26 @@ def test_partition_nemesis_records_the_shape_and_grudge_it_applied(cluster):
     # The same seed gives the same fault.
     assert nemesis.invoke({"f": "start-partition", "seed": 7}) == nemesis.invoke({"f": "start-partition", "seed": 7})
     nemesis.heal()
+
+
+class Unreachable:
+    """The `Remote` of a node whose commands fail (its namespace is gone, say)."""
+
+    address = "10.255.255.1"
+
+    def run(self, cmd, check=True, timeout=None):
+        raise RuntimeError(f"cannot run {cmd[0]} on n4: its namespace is gone")
+
+
+def test_a_heal_that_fails_on_one_node_says_which_and_heals_the_others(cluster):
+    remotes = {**cluster.remotes, "n4": Unreachable()}
+    net = Net(remotes)
+    net.drop(grudges.isolate(["n1", "n2", "n3"], "n1"))
+    net._prepared.add("n4")  # it took part in an earlier grudge
+    assert net.heal() == {"n1": "healed", "n2": "healed", "n3": "healed",
+                          "n4": "n4: RuntimeError: cannot run iptables on n4: its namespace is gone"}
+    assert all(net.rules(n) == [] for n in ("n1", "n2", "n3"))
+    nemesis = PartitionNemesis(net, FakeDB(), ["n1", "n2", "n3", "n4"], [], ["t/0"])
+    with pytest.raises(RepairFailed, match="n4: RuntimeError") as failed:
+        nemesis.invoke({"f": "stop-partition"})
+    assert failed.value.value["healed"] == ["n1", "n2", "n3"] and nemesis.active
