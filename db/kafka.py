@@ -222,7 +222,10 @@ class KafkaDB(ReferenceBrokerDB):
 
             if not self.clock_file(node).exists():
                 set_offset(self.clock_file(node), self.start_offset(node))
-            env = environment(self.clock_file(node))
+            # libfaketime's "monotonic fix" wraps pthread_cond_timedwait on monotonic clocks, which the
+            # JVM waits on everywhere: with it, a JVM starts ten times slower (measured: 1.4 s ->
+            # 19-26 s for Kafka's storage tool). Monotonic clocks are not faked here, so it is not needed.
+            env = dict(environment(self.clock_file(node)), FAKETIME_FORCE_MONOTONIC_FIX="0")
         pid = remote.spawn(DAEMON, self.command(node), self.log_path(node), env=env)
         log.info("started Kafka %s (%s) on %s (pid %d)", self.node_ids[node], "+".join(self.roles(node)), node, pid)
         return pid
