@@ -11,6 +11,10 @@ it is due, hands it to the free thread it names and records the invocation; each
 one operation at a time and hands its completion back, which the loop records and feeds to the
 generator. Only the loop writes the history, so its lines are in the order the loop saw them.
 
+An op's fields whose names start with an underscore go to its client but into no history line:
+what the generator hands the client to report (the final reader's record goes only on the
+completion, from the client).
+
 Process numbering follows Jepsen: after an `info` completion the thread's client is closed and
 the thread carries on as process (old + number of client threads), with a new client.
 """
@@ -42,6 +46,12 @@ _STOP = object()
 # the run forever. Nemesis operations restart brokers and wait for them: they get longer.
 CLIENT_OP_TIMEOUT = 60.0
 NEMESIS_OP_TIMEOUT = 600.0
+
+
+def _private(field: str) -> bool:
+    """An op's field for its client only, never recorded: its name starts with an underscore (the
+    final reader hands its client the record that the completion is to carry, say)."""
+    return field.startswith("_")
 
 
 def _stack(worker: threading.Thread) -> str:
@@ -218,7 +228,7 @@ class Interpreter:
             if isinstance(result, BaseException):
                 raise HarnessError(f"worker {thread} failed: {op['f']} by process {op['process']} (history "
                                    f"line {op['index']}) raised {type(result).__name__}: {result}") from result
-            fields = {k: v for k, v in op.items() if k not in ("index", "time", "process", "type")}
+            fields = {k: v for k, v in op.items() if k not in ("index", "time", "process", "type") and not _private(k)}
             record = self.history.append({"process": op["process"], "type": result["type"], **fields, **result})
             free.add(thread)
             self.since[thread] = time.monotonic() - self.started
@@ -272,9 +282,10 @@ class Interpreter:
                 continue
             thread = next(t for t, p in self.processes.items() if p == op["process"])
             fields = {k: v for k, v in op.items() if k not in ("process", "at")}
-            record = self.history.append({"process": op["process"], "type": "invoke", **fields})
+            record = self.history.append({"process": op["process"], "type": "invoke",
+                                          **{k: v for k, v in fields.items() if not _private(k)}})
             free.discard(thread)
             running[thread] = (time.monotonic(), record)
             self.phase = getattr(after, "phase", self.phase)
             gen = after.update(self._context(free), {**record, "thread": thread})
-            self.workers[thread].inbox.put(record)
+            self.workers[thread].inbox.put({**record, **{k: v for k, v in fields.items() if _private(k)}})

@@ -68,26 +68,32 @@ def validate(spec: TestSpec) -> None:
         raise SpecError(f"nemesis {', '.join(unknown)} is unknown; choose from {', '.join(catalog.KINDS)}")
 
 
+def heal_and_final(workload: Workload) -> tuple:
+    """The phases after the faults: a heal, then the workload's final reads, or its `final_unhealed`
+    when the heal did not succeed (None, no final phase, when it has none)."""
+
+    def after_heal(heal):
+        error = heal.gen.error
+        if error is None:
+            return clients(workload.final_generator)
+        if workload.final_unhealed is None:
+            return None
+        return clients(workload.final_unhealed(f"the heal did not succeed: {error}"))
+
+    return nemesis(Heal()), after_heal
+
+
 def generator_of(spec: TestSpec, workload: Workload, schedule: Schedule | None):
     """Main phase (client ops, and faults when there is a schedule), heal, final reads. The final
     reads keep their own time limit (`final_time_limit`, given to the workload), so that running out
     of time is recorded, not cut off; after a heal that did not succeed they read nothing from the
     broken cluster (the workload's `final_unhealed`)."""
-    final = clients(workload.final_generator)
     if schedule is None:
-        return Phases((clients(TimeLimit(spec.time_limit, workload.generator)), final), names=("main", "final"))
+        return Phases((clients(TimeLimit(spec.time_limit, workload.generator)), clients(workload.final_generator)),
+                      names=("main", "final"))
     # One time limit over both, as in Jepsen: it starts with the first op either gives.
     main = TimeLimit(spec.time_limit, any_(clients(workload.generator), nemesis(Unfold(schedule.step, schedule.start))))
-
-    def after_heal(heal):
-        error = heal.gen.error
-        if error is None:
-            return final
-        if workload.final_unhealed is None:
-            return None
-        return clients(workload.final_unhealed(f"the heal did not succeed: {error}"))
-
-    return Phases((main, nemesis(Heal()), after_heal), names=("main", "heal", "final"))
+    return Phases((main, *heal_and_final(workload)), names=("main", "heal", "final"))
 
 
 def build(spec: TestSpec, remotes: dict, workdir: Path, net=None) -> Test:

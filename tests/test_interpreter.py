@@ -303,7 +303,7 @@ class FinalClient(FakeClient):
         if op["f"] == "crash":
             return {"type": "info", "error": "crashed on purpose"}
         if op["f"] == "final-reads":
-            return {"type": "ok"}
+            return {"type": "ok", "final_reads": op["_final_reads"]}
         if op["f"] == "assign":
             self.read = 0
             return {"type": "ok", "end_offsets": {k: 3 for k in op["keys"]}}
@@ -399,6 +399,8 @@ def test_the_final_reads_run_after_the_heal_and_record_how_far_they_got_when_the
     assert polls and all(o["process"] >= spec.concurrency for o in polls)
     records = [o for o in after if o["f"] == "final-reads" and o["type"] == "ok"]
     assert len(records) == spec.concurrency
+    assert not [o for o in after if o["type"] == "invoke" and {"final_reads", "_final_reads"} & set(o)], \
+        "the record is on the completion only"
     for record in records:
         assert record["final_reads"] == [{"key": "t/0", "end": 3, "read_to": 2, "outcome": "timeout"},
                                          {"key": "t/1", "end": 3, "read_to": 0, "outcome": "timeout"}]

@@ -89,7 +89,7 @@ def test_final_reads_start_fresh_clients_read_to_the_named_ends_ask_again_and_re
     same = done(gen, ctx, op, end_offsets={"t/0": 2, "t/1": 0})
     op, same = same.op(ctx)
     assert op["f"] == "final-reads" and op["final"] and "mops" not in op
-    assert op["final_reads"] == [{"key": "t/0", "end": 2, "read_to": 2, "outcome": "reached"},
+    assert op["_final_reads"] == [{"key": "t/0", "end": 2, "read_to": 2, "outcome": "reached"},
                                  {"key": "t/1", "end": 0, "read_to": 0, "outcome": "reached"}]
     same = done(same, ctx, op)
     assert same.op(ctx) is None
@@ -109,7 +109,7 @@ def test_final_reads_that_run_out_of_time_record_where_they_got_and_which_keys_w
     # 10 s after the reader was first asked (at 5 s), whatever it was doing, it records.
     op, gen = gen.op(one_thread(process=4, since=15.2))
     assert op["f"] == "final-reads" and op["at"] == 15.2
-    assert op["final_reads"] == [{"key": "t/0", "end": 4, "read_to": 4, "outcome": "reached"},
+    assert op["_final_reads"] == [{"key": "t/0", "end": 4, "read_to": 4, "outcome": "reached"},
                                  {"key": "t/1", "end": 3, "read_to": 0, "outcome": "timeout"},
                                  {"key": "t/2", "end": None, "read_to": 0, "outcome": "unavailable"}]
 
@@ -127,13 +127,13 @@ def test_a_final_reader_waiting_to_ask_again_records_at_its_deadline():
             break
         gen = done(gen, ctx, op, "fail", error="Local: Broker transport failure")
     assert op["f"] == "final-reads" and op["at"] == 1.0, "the wait would end after the deadline"
-    assert op["final_reads"] == [{"key": "t/0", "end": None, "read_to": 0, "outcome": "unavailable"}]
+    assert op["_final_reads"] == [{"key": "t/0", "end": None, "read_to": 0, "outcome": "unavailable"}]
 
 
 def test_after_a_failed_heal_the_final_readers_read_nothing_and_say_so():
     op, gen = FinalReads(("t/0", "t/1"), seconds=30, unread="the heal did not succeed").op(one_thread())
     assert op["f"] == "final-reads"
-    assert [r["outcome"] for r in op["final_reads"]] == ["unavailable", "unavailable"]
+    assert [r["outcome"] for r in op["_final_reads"]] == ["unavailable", "unavailable"]
     assert done(gen, one_thread(), op).op(one_thread()) is None
 
 

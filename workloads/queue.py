@@ -349,7 +349,7 @@ class FinalReads:
             if at >= deadline:
                 op, at = None, max(since, deadline)
         if op is None:
-            op = {"f": "final-reads", "final": True, "final_reads": self.record()}
+            op = {"f": "final-reads", "final": True, "_final_reads": self.record()}
         return fill({**op, "at": at}, ctx, thread), after
 
     def update(self, ctx, event):
@@ -439,8 +439,9 @@ class QueueClient:
             return {"type": "info", "error": "crashed on purpose: the next operation opens a new producer and "
                                              "consumer"}
         if f == "final-reads":
-            # The final reader's own account (`final_reads`, on the op) is all there is to record.
-            return {"type": "ok"}
+            # The final reader's account of how each key ended, which it keeps from this client's
+            # completions (FinalReads), handed over unrecorded: it belongs on the completion only.
+            return {"type": "ok", "final_reads": op["_final_reads"]}
         raise ValueError(f"the queue client cannot perform {f!r}")
 
     def _send(self, op: Op) -> Op:
