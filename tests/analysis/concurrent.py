@@ -4,7 +4,8 @@ In: a `Recorder` (history lines and the stats both engines must report), a
 scenario name (the prefix of its keys), a `random.Random`, the fault to
 inject (None for a correct run), the first process number the scenario may
 use, and its shape (concurrency, operations, atomic or interleaved effects,
-how often clients subscribe).
+how often clients subscribe, whether txns are drawn, whether the first
+operation of each kind completes ok).
 Out: a `Run`: the scenario's keys, the anomaly types the engines must report
 for them (exactly), the witnesses of the types a correct history can show
 too (exactly, each with its cause), and, per operation, when its writes and
@@ -24,23 +25,31 @@ Operations (the effects of one operation happen between its lines):
   and acknowledges each with its offset; `fail` appends nothing; `info`, or
   an invocation never completed, appends all its values now, later (after
   other operations' effects; at the latest just before the final reads), or
-  never, all alike, and retires the process;
+  never, all alike, and retires the process; an `info` send may also be
+  partly acknowledged: the broker appended and acknowledged its first
+  values before the client gave up, and the completion records their
+  offsets (history-format.md), the rest as an `info` send's (in atomic mode
+  now or never, so that all its effects keep one moment);
 - poll of 1-2 poll mops (consumer poll() calls): each reads, from the
   consumer's position in each key it owns, up to 3 records per key (fewer at
   the log end) and moves past them. `ok` returns
   them; `fail` usually reads nothing, sometimes returns what it read (records
   of a failed poll are evidence, and the consumer moved past them); `info`
   reads nothing and retires the process;
-- txn: 2-4 mops mixing sends and polls, done as a client without broker
-  transactions does them: each mop takes effect in order. `ok`: all of them,
-  and a poll may return a value the operation itself sent earlier; `fail`:
-  refused before any mop took effect; `info`/never: its sends as an `info`
-  send's, its polls read nothing, the process retires;
+- txn (unless the shape leaves them out: then no operation both sends and
+  polls, the stats' `mixed` is 0): 2-4 mops mixing sends and polls, done as
+  a client without broker transactions does them: each mop takes effect in
+  order. `ok`: all of them, and a poll may return a value the operation
+  itself sent earlier; `fail`: refused before any mop took effect;
+  `info`/never: its sends as an `info` send's, its polls read nothing, the
+  process retires;
 - assign of a random subset of keys, with seek_to_beginning (positions 0) or
-  without (a key it owned keeps its position, a new one starts at the log
-  end); leaves the consumer group if the process was in it;
+  without (a key the consumer holds a position for keeps it, whether it
+  held it by assign or subscribe; a new one starts at the log end); leaves
+  the consumer group if the process was in it. A refused (`fail`) assign
+  changes nothing, as a real client's; an `info` one retires the process;
 - subscribe to every key of the scenario: the process joins the scenario's
-  consumer group (see below);
+  consumer group (see below); it names every key, so it ends no poll chain;
 - a process that completes `info` (or never completes) is retired, and its
   worker carries on as process old + concurrency, with a fresh consumer.
 
@@ -53,14 +62,17 @@ fenced commits):
   txn too), before it fetches: its `rebalance_log` lists its key set after
   each generation that changed it. A key it kept throughout keeps its
   position; a key it gained (or lost and regained) restarts at the group's
-  committed offset for it, or at 0 when none was committed. A member does
-  not fetch between polls, so after a rebalance no two members fetch a key;
+  committed offset for it, or at 0 when none was committed: every key whose
+  position a rebalance moves during an operation is named by an entry of
+  that operation's rebalance_log, as a real consumer's is (the simulator
+  asserts it). A member does not fetch between polls, so after a rebalance
+  no two members fetch a key;
 - right after fetching, a member commits its positions (probability 0.6):
   commits lag, so a new owner may re-read records.
 So under subscribe a process may skip offsets (its key was read by others
 meanwhile) or go back (its own reads were not committed): poll-skip and
-nonmonotonic-poll across operations, and their int- forms inside one poll or txn
-whose poll mops straddle a rebalance.
+nonmonotonic-poll across operations. Inside one operation the engines do
+not judge a key its rebalance_log names, so a rebalance shows no int- type.
 
 End of the run: every worker's operation completes, the `info` effects
 still pending land or not, the nemesis heals, and the final reads start:
@@ -70,44 +82,72 @@ carrying `end_offsets` (the log end of each key), polls (`"final": true`)
 until it has passed every key's end, and assigns again without rewinding
 (same `end_offsets`): the ends did not move. Final readers run concurrently.
 
-What a correct history shows (`Run.expected` without a fault), by the
-engines' definitions (history_analysis/result.py, shared/anomalies.md):
-- poll-skip / nonmonotonic-poll (and int-poll-skip / int-nonmonotonic-poll
-  within a txn) from rebalances only: predicted exactly by following each
-  process's poll chain (process, assignment, key), each with cause
-  "rebalance";
-- int-send-skip: two sends of one `ok` operation to one key with another
-  process's append between them (interleaved mode only): no write isolation;
+The engines' rules these predictions follow (issue 14, Jepsen's Kafka
+checker; history_analysis/result.py, shared/anomalies.md):
+- the log of a key: every record a poll of any outcome returned, and every
+  acknowledged send (an `ok` operation's offset, or an `info` send's); a
+  value's position (the version order) is the lowest offset the log holds
+  it at;
+- a poll chain of (process, key) ends only at an `ok` assign or subscribe
+  of the process that does not name the key, or an `ok` assign with
+  seek_to_beginning naming it; polls of any outcome are its links;
+- int-poll-skip / int-nonmonotonic-poll: within one operation, on keys its
+  rebalance_log does not name;
+- int-send-skip / int-nonmonotonic-send: consecutive sends of one operation
+  (any outcome) to a key, both with a position, compared by position;
+  nonmonotonic-send: a process's `ok`/`info` operations in order, the
+  earlier one's last send against the later one's first, by position;
+- G1a and precommitted-read: from operations of any outcome;
+- dependencies: writers of any outcome whose values have a position, ww
+  between consecutive writers of a key by position, wr from each writer to
+  every operation (any outcome) that returned its value; no contraction.
+
+What a correct history shows (`Run.expected` without a fault):
+- poll-skip / nonmonotonic-poll from rebalances only (a consumer that
+  rejoined the group, or was moved by a rebalance, or assigned a key it
+  lost to a rebalance): predicted exactly by following each process's
+  poll chain (process, chain epoch, key), each with cause "rebalance";
+- int-send-skip: two consecutive sends of one operation to one key with
+  another process's append between them (interleaved mode only; an `info`
+  send's too, when its values landed apart or were read): no write
+  isolation;
 - precommitted-read: an `ok` txn that polled a value it had itself sent
   earlier: correct for a client without transactions (each send is committed
   when acknowledged), though the models forbid it;
 - nothing else: no unseen, lost-write, uncommitted-read (the final reads read
   every log to its end), duplicate, inconsistent or reused offsets,
-  unexpected, G1a, nonmonotonic-send, int-nonmonotonic-send.
+  unexpected, G1a, nonmonotonic-send, int-nonmonotonic-send, int-poll-skip,
+  int-nonmonotonic-poll.
 Cycles: in atomic mode (all effects of an operation at one moment, an
 `info` one's possibly after its completion) the moments are a topological
 order of every dependency, process and real-time edge, so there is no
 cycle of any type. In interleaved mode multi-key sends and txns make G0 and
 G1c cycles (Kafka has no write isolation) and their process/real-time
 variants; what is stable there is that every dependency the engines derive
-is a real order of effects (`Run.effects`).
+is a real order of effects (`Run.effects`). Without txns, a cycle needs a
+ww edge (every wr and order edge goes forward in time): only the G0 and
+G1c-ww types, which a run without write isolation allows.
 
 Faults (at most one per scenario, injected at a random step of the run):
 - "duplicate": the broker appends a second copy of a visible value -> {duplicate};
 - "unexpected": the broker appends a value nobody sent -> {unexpected};
 - "aborted": the next send is reported failed, yet its values are appended -> {G1a};
-- "lost": the next acknowledged value never becomes visible (readers step
-  over its offset) -> {unseen}, plus lost-write when a visible record lies
-  above it, plus the chain witnesses (poll-skip, int-poll-skip) that step
-  over its offset, cause "lost"; the final reads are short of the end when
-  it is the last record of its key;
+- "lost": the next acknowledged value (of an ok send, or acknowledged to an
+  info send) never becomes visible (readers step over its offset) ->
+  {unseen}, plus lost-write when a visible record lies above it, plus the
+  chain witnesses (poll-skip, int-poll-skip) that step over its offset,
+  cause "lost"; the final reads are short of the end when it is the last
+  record of its key;
 - "truncated": just before the final reads, a key loses its last record,
-  acknowledged by an ok send; the final reads are told the shorter end ->
-  {lost-write}, plus uncommitted-read if an ok poll had read it, else unseen;
+  acknowledged (by an ok send, or to an info send); the final reads are
+  told the shorter end -> {lost-write}, plus uncommitted-read if an ok poll
+  had read it, else unseen;
 - "inconsistent": a fresh process's failed send of w, and another fresh
-  process's poll returning w at an existing offset: a failed poll ->
-  {inconsistent-offsets}; an ok one -> {inconsistent-offsets,
-  uncommitted-read, G1a};
+  process's poll returning w at an existing offset -> {inconsistent-offsets,
+  G1a} (a failed poll's records are evidence), plus uncommitted-read when
+  the poll is ok. That send never took effect, so the engines' dependencies
+  through it are not real orders (`Run.fictional`), and in atomic mode it
+  may close a G0 cycle (a write placed in the past);
 - "int-skip" / "int-rewind": a fresh process's ok poll returns offsets o, o+2
   (o+1 exists) / o+1, o of a key -> {int-poll-skip} / {int-nonmonotonic-poll};
 - "int-send-reorder": a fresh process's ok send of two values to a key,
@@ -135,6 +175,12 @@ FAULT_TYPES = {
     "truncated": {"lost-write"}, "inconsistent": {"inconsistent-offsets"}, "int-skip": {"int-poll-skip"},
     "int-rewind": {"int-nonmonotonic-poll"}, "int-send-reorder": {"int-nonmonotonic-send"},
 }
+# What else a fault may add, depending on how the run went (see the module docstring): with
+# FAULT_TYPES, every type a fault can show beyond those a correct run shows.
+FAULT_EXTRA = {
+    "lost": {"lost-write", "poll-skip", "int-poll-skip"}, "truncated": {"uncommitted-read", "unseen"},
+    "inconsistent": {"G1a", "uncommitted-read"},
+}
 # Witness types predicted one by one (`Run.witnesses`), with how to compare a found witness.
 CHAIN_TYPES = ("poll-skip", "nonmonotonic-poll")
 INT_POLL_TYPES = ("int-poll-skip", "int-nonmonotonic-poll")
@@ -156,7 +202,8 @@ class Recorder:
 
     def __init__(self, b: Builder | None = None):
         self.b = b or Builder()
-        self.stats: dict[str, Any] = {"ops": 0, "ok": 0, "fail": 0, "info": 0}
+        # `mixed`: client operations whose mops both send and poll.
+        self.stats: dict[str, Any] = {"ops": 0, "ok": 0, "fail": 0, "info": 0, "mixed": 0}
         self.by_f: dict[str, dict[str, int]] = {}
 
     @property
@@ -173,15 +220,17 @@ class Recorder:
 
     def complete(self, process, type_: str, f: str, **fields) -> int:
         if process != "nemesis":
-            self._counted(f, type_)
+            self._counted(f, type_, fields.get("mops"))
         return self.b.line(process, type_, f, **fields)
 
-    def never(self, f: str) -> None:
-        """An invocation the history never completes: the readers count it as info."""
-        self._counted(f, "info")
+    def never(self, f: str, mops: list[dict] | None) -> None:
+        """An invocation the history never completes: the readers count it as info (with its
+        invocation's mops)."""
+        self._counted(f, "info", mops)
 
-    def _counted(self, f: str, type_: str) -> None:
+    def _counted(self, f: str, type_: str, mops: list[dict] | None) -> None:
         self.stats[type_] += 1
+        self.stats["mixed"] += {"send", "poll"} <= {m["f"] for m in mops or []}
         n = self.by_f.setdefault(f, {"invoked": 0, "ok": 0})
         n["invoked"] += 1
         n["ok"] += type_ == "ok"
@@ -192,7 +241,9 @@ class Entry:
     value: int
     writer: "Op | None"
     visible: bool = True
-    acked: bool = False  # by an ok operation, at its offset
+    # Acknowledged at its offset: to an ok operation, or to an info send that recorded it; in the
+    # engines' log then, read or not.
+    acked: bool = False
     read_ok: bool = False  # returned by an ok poll
     read: bool = False  # returned by any poll
 
@@ -208,6 +259,8 @@ class Op:
     last_read: dict[str, int] = field(default_factory=dict)  # key -> moment of its last fetch returning it
     rebalances: list[list[str]] = field(default_factory=list)
     sent: set = field(default_factory=set)  # (key, value)
+    sends: list = field(default_factory=list)  # (key, value) in mop order, whatever the outcome
+    returned: set = field(default_factory=set)  # (key, value) its polls returned, whatever the outcome
 
 
 @dataclass
@@ -215,11 +268,15 @@ class Consumer:
     process: int
     mode: str = "none"  # "assign" | "subscribe"
     positions: dict[str, int] = field(default_factory=dict)
-    assignment: int = 0  # assign/subscribe invocations so far: the engines' chain number
+    # Per key, the engines' chain epoch: how many ok assigns (or subscribes) of the process dropped
+    # the key or rewound it (seek_to_beginning naming it). Nothing else ends a poll chain.
+    epoch: dict = field(default_factory=dict)
     gen: int = 0  # the last generation of the group it went through
     keys: frozenset = frozenset()
-    reset: set = field(default_factory=set)  # keys whose position a rebalance reset, not read since
-    chain: dict = field(default_factory=dict)  # (assignment, key) -> (op index, last offset read)
+    # Keys whose position a rebalance (or an assign of a key the consumer had lost to one) reset,
+    # not read since.
+    reset: set = field(default_factory=set)
+    chain: dict = field(default_factory=dict)  # (epoch, key) -> (op index, last offset read)
 
 
 @dataclass
@@ -246,6 +303,13 @@ class Run:
     # the log of each key as the final reads saw it: (end offset, values)
     final_logs: dict[str, tuple[int, list[int]]]
     first_process: int
+    # Operations whose writes the engines see though they never took effect (the failed send of
+    # the "inconsistent" fault): dependencies through them are not orders of effects.
+    fictional: set[int] = field(default_factory=set)
+    # The dependencies the engines must derive for the scenario's keys (src, dst, ww | wr, key),
+    # and the operations they must list as nodes (result.DEPENDENCIES).
+    dependencies: set[tuple] = field(default_factory=set)
+    nodes: set[int] = field(default_factory=set)
 
 
 class _Group:
@@ -286,10 +350,19 @@ class _Worker:
 
 class Scenario:
     def __init__(self, rec: Recorder, name: str, rnd: random.Random, fault: str | None, first_process: int,
-                 concurrency: int = 3, ops: int = 30, atomic: bool = False, subscribe: float = 0.3):
+                 concurrency: int = 3, ops: int = 30, atomic: bool = False, subscribe: float = 0.3,
+                 txns: bool = True, first_ok: bool = False):
         self.rec, self.rnd, self.fault = rec, rnd, fault
         self.name, self.first_process = name, first_process
         self.concurrency, self.ops, self.atomic, self.subscribe = concurrency, ops, atomic, subscribe
+        # txns: whether operations that both send and poll are drawn; first_ok: the first operation
+        # of each kind completes ok (so that no kind the clients issued went without success, which
+        # would make the verdict unknown).
+        self.txns, self.first_ok = txns, first_ok
+        self.kinds_started: set[str] = set()
+        self.fictional: set[int] = set()
+        self.extra_facts: list[tuple[str, int, int]] = []  # (key, offset, value) polls returned off the log
+        self.dropped: list[tuple[str, int, Entry]] = []  # (key, offset, entry) cut from the log's tail
         self.keys = [f"{name}-t/{i}" for i in range(rnd.randint(1, 4))]
         self.log: dict[str, list[Entry]] = {k: [] for k in self.keys}
         self.group = _Group(self.keys, rnd)
@@ -342,10 +415,13 @@ class Scenario:
         for k in list(c.positions):
             if k not in current:
                 del c.positions[k]
+        named = {k for ks in op.rebalances for k in ks}
         for k in current:
             if k in gained or k not in c.positions:
                 c.positions[k] = self.group.committed.get(k, 0)
                 c.reset.add(k)
+                # The operation's rebalance_log names every key whose position a rebalance moved.
+                assert k in named, (c.process, k, op.rebalances)
         c.keys, c.gen = frozenset(current), self.group.gen
 
     def fetch(self, c: Consumer, op: Op, most: int = 3) -> list[Record]:
@@ -361,6 +437,7 @@ class Scenario:
                 got[0].after_reset = k in c.reset
                 c.reset.discard(k)
                 op.last_read[k] = t
+                op.returned |= {(k, r.value) for r in got}
             out += got
         if c.mode == "subscribe" and self.rnd.random() < 0.6:
             for k in c.keys:
@@ -370,8 +447,10 @@ class Scenario:
     # --- what the engines will find in a process's records -----------------
 
     def observe(self, c: Consumer, op: Op, records: list[Record], ok: bool) -> None:
-        """Follow the engines' poll chains (process, assignment, key) over an operation's records,
-        predicting their chain witnesses; mark what was read."""
+        """Follow the engines' poll chains (process, epoch, key) over an operation's records (of any
+        outcome), predicting their chain witnesses, and the int- poll witnesses on the keys its
+        rebalance_log does not name; mark what was read."""
+        rebalanced = {k for ks in op.rebalances for k in ks}
         last_in_op: dict[str, Record] = {}
         for r in records:
             e = self.log[r.key][r.offset]
@@ -381,22 +460,24 @@ class Scenario:
             if prev is not None:
                 a, b = prev.offset, r.offset
                 kind = "int-nonmonotonic-poll" if b <= a else "int-poll-skip" if b > a + 1 else None
-                if kind:
-                    self.witnesses[kind][(c.process, r.key, op.index, a, b)] = self.cause(r, a, b, op)
+                if kind and r.key not in rebalanced:
+                    self.witnesses[kind][(c.process, r.key, op.index, a, b)] = self.cause(r, a, b, op, False)
             else:
-                before = c.chain.get((c.assignment, r.key))
+                before = c.chain.get((c.epoch.get(r.key, 0), r.key))
                 if before is not None:
                     prev_op, a = before
                     b = r.offset
                     kind = "nonmonotonic-poll" if b <= a else "poll-skip" if b > a + 1 else None
                     if kind:
-                        self.witnesses[kind][(c.process, r.key, a, b, (prev_op, op.index))] = self.cause(r, a, b, op)
+                        self.witnesses[kind][(c.process, r.key, a, b, (prev_op, op.index))] = \
+                            self.cause(r, a, b, op, True)
             last_in_op[r.key] = r
         for k, r in last_in_op.items():
-            c.chain[(c.assignment, k)] = (op.index, r.offset)
+            c.chain[(c.epoch.get(k, 0), k)] = (op.index, r.offset)
 
-    def cause(self, r: Record, a: int, b: int, op: Op) -> str:
-        if r.after_reset:
+    def cause(self, r: Record, a: int, b: int, op: Op, chain: bool) -> str:
+        # A moved position shows across operations only: inside one, the rebalance_log names the key.
+        if r.after_reset and chain:
             return "rebalance"
         if self.fault == "lost" and self.detail.get("key") == r.key and a < self.detail["offset"] < b:
             return "lost"
@@ -404,13 +485,62 @@ class Scenario:
             return "fault"
         return "unexplained"  # a bug of this generator: the test fails on it
 
-    def observe_sends(self, op: Op, acked: list[tuple[str, int, int]]) -> None:
-        """int-send-skip: two acknowledged sends of one operation to a key, not adjacent."""
-        last: dict[str, tuple[int, int]] = {}
-        for k, v, o in acked:
-            if k in last and o > last[k][1] + 1:
-                self.witnesses["int-send-skip"][(op.process, k, op.index, last[k][1], o)] = "interleaved"
-            last[k] = (v, o)
+    def version_order(self) -> tuple[dict[tuple, int], dict[str, list[int]]]:
+        """What the engines know of the logs at the end: each (key, value)'s position (the lowest
+        offset the log holds it at) and each key's known offsets, sorted. The log: what polls of
+        any outcome returned, and acknowledged sends."""
+        facts = [(k, o, e.value) for k in self.keys for o, e in enumerate(self.log[k]) if e.read or e.acked]
+        facts += [(k, o, e.value) for k, o, e in self.dropped if e.read or e.acked]
+        facts += self.extra_facts
+        pos: dict[tuple, int] = {}
+        offsets: dict[str, set[int]] = {k: set() for k in self.keys}
+        for k, o, v in facts:
+            pos[(k, v)] = min(pos.get((k, v), o), o)
+            offsets[k].add(o)
+        return pos, {k: sorted(os) for k, os in offsets.items()}
+
+    def predict_dependencies(self) -> tuple[set[tuple], set[int]]:
+        """The engines' dependencies (Jepsen's writer-of, readers-of, ww-graph, wr-graph), from what
+        each operation sent and returned: a writer is an operation of any outcome that sent a value
+        with a position, placed in a key at the lowest position of its values there; ww joins
+        consecutive writers of a key (by position, then operation), wr each writer of a value to
+        every other operation (any outcome) that returned it. No operation is passed through."""
+        pos, _ = self.version_order()
+        position: dict[tuple, int] = {}
+        writers: dict[tuple, set[int]] = {}
+        for op in self.effects.values():
+            for k, v in op.sends:
+                if (k, v) in pos:
+                    writers.setdefault((k, v), set()).add(op.index)
+                    at = pos[(k, v)]
+                    position[(k, op.index)] = min(position.get((k, op.index), at), at)
+        edges = set()
+        for k in self.keys:
+            ws = sorted((at, i) for (key, i), at in position.items() if key == k)
+            edges |= {(a, b, "ww", k) for (_, a), (_, b) in zip(ws, ws[1:])}
+        for op in self.effects.values():
+            for k, v in op.returned:
+                edges |= {(w, op.index, "wr", k) for w in writers.get((k, v), ()) if w != op.index}
+        nodes = {i for _, i in position} | {op.index for op in self.effects.values() if op.returned}
+        return edges, nodes
+
+    def predict_sends(self) -> None:
+        """int-send-skip: consecutive sends of one operation (any outcome) to a key, both with a
+        position, with a known offset strictly between their positions: another operation's
+        append landed between them (no write isolation). Positions come from the version order,
+        so an info or failed operation's sends count where polls returned them."""
+        pos, offsets = self.version_order()
+        for op in self.effects.values():
+            by_key: dict[str, list[int]] = {}
+            for k, v in op.sends:
+                by_key.setdefault(k, []).append(v)
+            for k, vs in by_key.items():
+                for v1, v2 in zip(vs, vs[1:]):
+                    a, b = pos.get((k, v1)), pos.get((k, v2))
+                    if a is None or b is None:
+                        continue
+                    if b > a + 1 and any(a < o < b for o in offsets[k]):
+                        self.witnesses["int-send-skip"][(op.process, k, op.index, a, b)] = "interleaved"
 
     # --- client operations: generators, one step per effect ----------------
 
@@ -422,14 +552,20 @@ class Scenario:
         op.type = type_
         if type_ == "never":
             op.index = op.invoke
-            self.rec.never(f)
+            self.rec.never(f, fields.get("mops"))
         else:
             op.index = self.rec.complete(op.process, type_, f, **fields)
         self.effects[op.index] = op
 
-    def indeterminate(self, op: Op, sends: list[tuple[str, int]]) -> Iterator:
+    def outcome(self, f: str, outcomes: list[str], weights: list[int]) -> str:
+        """How an operation of kind f completes (with `first_ok`, the first of its kind: ok)."""
+        first = f not in self.kinds_started
+        self.kinds_started.add(f)
+        return "ok" if first and self.first_ok else self.rnd.choices(outcomes, weights)[0]
+
+    def indeterminate(self, op: Op, sends: list[tuple[str, int]], later: bool = True) -> Iterator:
         """The sends of an info (or never completed) operation: all now, all later, or none."""
-        when = self.rnd.choice(["now", "later", "never"])
+        when = self.rnd.choice(["now", "later", "never"] if later else ["now", "never"])
         if when == "now":
             for i, (k, v) in enumerate(sends):
                 if i and not self.atomic:
@@ -441,12 +577,15 @@ class Scenario:
     def send_op(self, w: _Worker) -> Iterator:
         c = w.consumer
         sends = [(self.rnd.choice(self.keys), self.value()) for _ in range(self.rnd.randint(1, 3))]
-        outcome = self.rnd.choices(["ok", "fail", "info", "never"], [70, 10, 12, 8])[0]
+        outcome = self.outcome("send", ["ok", "fail", "info", "never"], [70, 10, 12, 8])
         aborted = self.fault == "aborted" and self.fault_armed
         if aborted:
             outcome, self.fault_armed, self.injected = "fail", False, True
             self.detail = {"values": [(k, v) for k, v in sends]}
-        op = Op(c.process, "send", sent=set(sends))
+        # An info send may be partly acknowledged: its first `acked` values were appended and
+        # acknowledged before the client gave up, and its completion records their offsets.
+        acked = self.rnd.randint(1, len(sends)) if outcome == "info" and self.rnd.random() < 0.4 else 0
+        op = Op(c.process, "send", sent=set(sends), sends=list(sends))
         op.invoke = self.rec.invoke(c.process, "send", mops=[{"f": "send", "key": k, "value": v} for k, v in sends])
         yield
         offsets: list[int | None] = [None] * len(sends)
@@ -457,19 +596,23 @@ class Scenario:
                 offsets[i] = self.append(k, v, op, acked=outcome == "ok")
             yield
         elif outcome in ("info", "never"):
-            yield from self.indeterminate(op, sends)
+            for i, (k, v) in enumerate(sends[:acked]):
+                if i and not self.atomic:
+                    yield
+                offsets[i] = self.append(k, v, op, acked=True)
+            # In atomic mode the rest lands with the acknowledged ones or never: one moment.
+            yield from self.indeterminate(op, sends[acked:], later=not (acked and self.atomic))
             yield
-        done = [{"f": "send", "key": k, "value": v, "offset": offsets[i] if outcome == "ok" else None}
+        done = [{"f": "send", "key": k, "value": v, "offset": offsets[i] if outcome == "ok" or i < acked else None}
                 for i, (k, v) in enumerate(sends)]
         self.finish(op, outcome, "send", mops=done)
-        if outcome == "ok":
-            self.observe_sends(op, [(k, v, o) for (k, v), o in zip(sends, offsets)])
         if outcome in ("info", "never"):
             self.retire(w)
 
     def poll_op(self, w: _Worker, final: bool = False, most: int = 3) -> Iterator:
         c = w.consumer
-        outcome = self.rnd.choices(["ok", "fail", "info"], [85, 10, 5] if not final else [90, 10, 0])[0]
+        outcome = self.rnd.choices(["ok", "fail", "info"], [90, 10, 0])[0] if final else \
+            self.outcome("poll", ["ok", "fail", "info"], [85, 10, 5])
         returns = outcome == "ok" or (outcome == "fail" and not final and self.rnd.random() < 0.3)
         calls = 1 if final else self.rnd.choices([1, 2], [80, 20])[0]
         op = Op(c.process, "poll")
@@ -498,19 +641,18 @@ class Scenario:
         self.rnd.shuffle(kinds)
         mops = [("send", self.rnd.choice(self.keys), self.value()) if kind == "send" else ("poll",) for kind in kinds]
         sends = [(m[1], m[2]) for m in mops if m[0] == "send"]
-        outcome = self.rnd.choices(["ok", "fail", "info", "never"], [75, 8, 10, 7])[0]
-        op = Op(c.process, "txn", sent=set(sends))
+        outcome = self.outcome("txn", ["ok", "fail", "info", "never"], [75, 8, 10, 7])
+        op = Op(c.process, "txn", sent=set(sends), sends=sends)
         op.invoke = self.rec.invoke(c.process, "txn", mops=[
             {"f": "send", "key": m[1], "value": m[2]} if m[0] == "send" else {"f": "poll"} for m in mops])
         yield
         if outcome == "ok":
-            done, records, acked = [], [], []
+            done, records = [], []
             for i, m in enumerate(mops):
                 if i and not self.atomic:
                     yield
                 if m[0] == "send":
                     o = self.append(m[1], m[2], op, acked=True)
-                    acked.append((m[1], m[2], o))
                     done.append({"f": "send", "key": m[1], "value": m[2], "offset": o})
                 else:
                     got = self.fetch(c, op)
@@ -520,7 +662,6 @@ class Scenario:
             yield
             self.finish(op, "ok", "txn", mops=done, rebalance_log=[{"keys": ks} for ks in op.rebalances] or None)
             self.observe(c, op, records, True)
-            self.observe_sends(op, acked)
             for r in records:
                 if (r.key, r.value) in op.sent:
                     self.witnesses["precommitted-read"][(op.process, r.key, op.index, r.value, r.offset)] = \
@@ -540,19 +681,28 @@ class Scenario:
         c = w.consumer
         keys = keys or sorted(self.rnd.sample(self.keys, self.rnd.randint(1, len(self.keys))))
         seek = self.rnd.random() < 0.4 if seek is None else seek
-        outcome = "ok" if final else self.rnd.choices(["ok", "fail", "info"], [90, 5, 5])[0]
+        outcome = "ok" if final else self.outcome("assign", ["ok", "fail", "info"], [90, 5, 5])
         op = Op(c.process, "assign")
         fields = {"keys": keys, "seek_to_beginning": True if seek else None, "final": final or None}
         op.invoke = self.rec.invoke(c.process, "assign", **fields)
-        c.assignment += 1
         yield
         ends = None
+        # Only an ok assign changes the consumer (a refused one leaves its positions as they were).
         if outcome == "ok":
             self.group.leave(c.process)
-            old, was = c.positions, c.mode
-            c.mode, c.keys, c.reset = "assign", frozenset(keys), set()
-            c.positions = {k: 0 if seek else old[k] if was == "assign" and k in old else len(self.log[k])
-                           for k in keys}
+            old = c.positions
+            # A key it holds a position for keeps it (by assign or subscribe alike; the poll chain
+            # goes on); one it lost to a rebalance, or never had, starts at the log end (the chain
+            # goes on too, but its position moved: a rebalance took the key away).
+            fresh = {k for k in keys if not seek and k not in old}
+            c.mode, c.keys = "assign", frozenset(keys)
+            c.reset = (c.reset & set(keys) | fresh) if not seek else set()
+            c.positions = {k: 0 if seek else old.get(k, len(self.log[k])) for k in keys}
+            # The chains it ends: every key the assign does not name, and with seek_to_beginning
+            # every key it names.
+            for k in self.keys:
+                if seek or k not in keys:
+                    c.epoch[k] = c.epoch.get(k, 0) + 1
             if final:
                 ends = {k: len(self.log[k]) for k in keys}
         yield
@@ -562,10 +712,11 @@ class Scenario:
 
     def subscribe_op(self, w: _Worker) -> Iterator:
         c = w.consumer
-        outcome = self.rnd.choices(["ok", "fail", "info"], [90, 5, 5])[0]
+        outcome = self.outcome("subscribe", ["ok", "fail", "info"], [90, 5, 5])
         op = Op(c.process, "subscribe")
+        # It names every key of the scenario: it ends no poll chain (the positions a rebalance gives
+        # show as poll-skip or nonmonotonic-poll).
         op.invoke = self.rec.invoke(c.process, "subscribe", keys=list(self.keys))
-        c.assignment += 1
         yield
         if outcome == "ok":
             if c.process in self.group.members:
@@ -586,7 +737,7 @@ class Scenario:
         # A member seldom subscribes again or leaves: its poll chain goes on through rebalances.
         member = w.consumer.mode == "subscribe"
         action = self.rnd.choices(["send", "poll", "txn", "assign", "subscribe"],
-                                  [35, 30, 15, 1 + 10 * (1 - self.subscribe) * (not member),
+                                  [35, 30, 15 * self.txns, 1 + 10 * (1 - self.subscribe) * (not member),
                                    1 if member else 10 * self.subscribe])[0]
         return {"send": self.send_op, "poll": self.poll_op, "txn": self.txn_op, "assign": self.assign_op,
                 "subscribe": self.subscribe_op}[action](w)
@@ -645,15 +796,22 @@ class Scenario:
         w, p, q = self.value(), self.fresh_process(), self.fresh_process()
         inv = self.rec.invoke(p, "send", mops=[{"f": "send", "key": k, "value": w}])
         yield
-        op = Op(p, "send", invoke=inv, sent={(k, w)})
+        op = Op(p, "send", invoke=inv, sent={(k, w)}, sends=[(k, w)])
         self.finish(op, "fail", "send", mops=[{"f": "send", "key": k, "value": w, "offset": None}])
+        self.fictional.add(op.index)  # a writer for the engines (w has a position), yet it wrote nothing
         type_ = self.rnd.choice(["ok", "fail"])
         poll = Op(q, "poll")
         poll.invoke = self.rec.invoke(q, "poll", mops=[{"f": "poll"}])
         yield
+        poll.last_read[k] = self.tick()
+        poll.returned.add((k, w))
         self.finish(poll, type_, "poll", mops=[{"f": "poll", "records": [{"key": k, "offset": o, "value": w}]}])
-        self.detail = {"key": k, "offset": o, "values": sorted([self.log[k][o].value, w]), "poll": type_}
-        self.expected |= {"uncommitted-read", "G1a"} if type_ == "ok" else set()
+        self.extra_facts.append((k, o, w))
+        self.detail = {"key": k, "offset": o, "values": sorted([self.log[k][o].value, w]), "poll": type_,
+                       "value": w}
+        # A poll of any outcome that returned a failed send's value is G1a; only an ok one's read is
+        # an uncommitted-read (the final log holds another value there).
+        self.expected |= {"uncommitted-read", "G1a"} if type_ == "ok" else {"G1a"}
 
     def misread_op(self, k: str, offsets: list[int]) -> Iterator:
         c = Consumer(self.fresh_process())
@@ -661,6 +819,8 @@ class Scenario:
         op.invoke = self.rec.invoke(c.process, "poll", mops=[{"f": "poll"}])
         yield
         records = [Record(k, o, self.log[k][o].value, False) for o in offsets]
+        op.last_read[k] = self.tick()
+        op.returned |= {(k, r.value) for r in records}
         self.finish(op, "ok", "poll", mops=[{"f": "poll", "records": [
             {"key": r.key, "offset": r.offset, "value": r.value} for r in records]}])
         self.observe(c, op, records, True)
@@ -669,7 +829,7 @@ class Scenario:
     def reorder_op(self, k: str) -> Iterator:
         p = self.fresh_process()
         v1, v2 = self.value(), self.value()
-        op = Op(p, "send", sent={(k, v1), (k, v2)})
+        op = Op(p, "send", sent={(k, v1), (k, v2)}, sends=[(k, v1), (k, v2)])
         op.invoke = self.rec.invoke(p, "send", mops=[{"f": "send", "key": k, "value": v} for v in (v1, v2)])
         yield
         o2 = self.append(k, v2, op, acked=True)
@@ -748,6 +908,7 @@ class Scenario:
         if keys:
             k = self.rnd.choice(keys)
             e = self.log[k].pop()
+            self.dropped.append((k, len(self.log[k]), e))  # the engines still know it: it was acknowledged
             self.injected = True
             self.expected.add("uncommitted-read" if e.read_ok else "unseen")
             self.detail = {"key": k, "value": e.value, "offset": len(self.log[k]), "read": e.read_ok}
@@ -770,6 +931,7 @@ class Scenario:
         yield from self.assign_op(w, keys, seek=False, final=True)
 
     def result(self) -> Run:
+        self.predict_sends()
         expected = set(self.expected)
         if self.injected:
             expected |= FAULT_TYPES[self.fault]
@@ -782,10 +944,13 @@ class Scenario:
         witnesses = {t: ws for t, ws in self.witnesses.items() if ws}
         expected |= set(witnesses)
         finals = {k: (len(log), [e.value for e in log if e.visible]) for k, log in self.log.items()}
+        dependencies, nodes = self.predict_dependencies()
         return Run(self.name, self.keys, self.fault, self.injected, expected, witnesses, self.detail, self.atomic,
-                   self.effects, finals, self.first_process)
+                   self.effects, finals, self.first_process, set(self.fictional), dependencies, nodes)
 
 
 def generate(rec: Recorder, name: str, rnd: random.Random, fault: str | None, first_process: int,
              **shape) -> Run:
+    """One scenario's history (into `rec`) and what the engines must find in it; `shape`: the
+    keyword arguments of `Scenario` (concurrency, ops, atomic, subscribe, txns, first_ok)."""
     return Scenario(rec, name, rnd, fault, first_process, **shape).run()
