@@ -1,9 +1,15 @@
-"""The history: reading and writing `history.jsonl` (see shared/history-format.md).
+"""The history: reading and writing `history.jsonl` (see docs/history-format.md).
 
 In (reading): a path to a JSON Lines history written by any harness.
 Out: a list of `Op` dicts, validated, in file order, plus notes about what
 was repaired (a torn last line, invocations never completed); or a
-`HistoryError` naming the file, the line number and what is wrong.
+`HistoryError` naming the file, the line number, the field and what is wrong
+(one paragraph). Each line is checked by `history_schema` (the one table of
+field rules that the Spark loader is built from too), then across lines:
+indices 0, 1, 2, ...; time never decreasing; one operation at a time per
+process; a completion's f its invocation's; a process whose operation ended
+`info` never used again. A UTF-8 byte order mark at the start of the file is
+skipped, and a line may end in CRLF.
 
 In (writing): operations as the interpreter invokes and completes them.
 Out: one JSON object per line, flushed line by line, with `index` and `time`
@@ -20,23 +26,34 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-TYPES = ("invoke", "ok", "fail", "info")
-COMPLETIONS = ("ok", "fail", "info")
-MOP_FUNCTIONS = ("send", "poll", "txn")
-KEY_FUNCTIONS = ("assign", "subscribe")
+from .history_schema import (COMPLETIONS, FORMAT, KEY_FUNCTIONS, MOP_FUNCTIONS, PROBLEMS, TYPES, LineProblem,
+                             check_line, parse_line)
 
 Op = dict[str, Any]
+BOM = b"\xef\xbb\xbf"
 
 
 class HistoryError(ValueError):
-    """A history line that cannot be accepted."""
+    """A history that cannot be accepted: `path`, `line` (1-based, None for the file as a whole),
+    `field` (None for the line as a whole) and `problem` (what was expected and how to fix it).
+    Its text is one paragraph: "<path>:<line>: <problem>"."""
 
-    def __init__(self, path: str | Path, line: int | None, problem: str):
+    def __init__(self, path: str | Path, line: int | None, problem: str, field: str | None = None):
         where = f"{path}:{line}" if line is not None else str(path)
         super().__init__(f"{where}: {problem}")
         self.path = str(path)
         self.line = line
         self.problem = problem
+        self.field = field
+
+
+def line_error(path: str | Path, line: int, problem: LineProblem) -> HistoryError:
+    return HistoryError(path, line, f"{problem.message} (the format: {FORMAT})", problem.field)
+
+
+def state_error(path: str | Path, line: int, problem: tuple[str, str]) -> HistoryError:
+    field_name, message = problem
+    return HistoryError(path, line, f"{message} (the format: {FORMAT})", field_name)
 
 
 @dataclass
@@ -48,86 +65,39 @@ class ReadResult:
     lines: int = 0
 
 
-def _check_mops(op: Op, fail) -> None:
-    mops = op.get("mops")
-    if not isinstance(mops, list):
-        fail(f"a {op['f']} operation needs a list 'mops'")
-    for i, mop in enumerate(mops):
-        if not isinstance(mop, dict) or mop.get("f") not in ("send", "poll"):
-            fail(f"mops[{i}] must be an object with f 'send' or 'poll'")
-        if mop["f"] == "send":
-            if not isinstance(mop.get("key"), str):
-                fail(f"mops[{i}] is a send without a string 'key'")
-            if not isinstance(mop.get("value"), int) or isinstance(mop.get("value"), bool):
-                fail(f"mops[{i}] is a send without an integer 'value'")
-            offset = mop.get("offset")
-            if offset is not None and (not isinstance(offset, int) or isinstance(offset, bool)):
-                fail(f"mops[{i}] has a non-integer offset {offset!r}")
-        else:
-            records = mop.get("records")
-            if records is None:
-                continue
-            if not isinstance(records, list):
-                fail(f"mops[{i}].records must be a list")
-            for j, rec in enumerate(records):
-                if (not isinstance(rec, dict) or not isinstance(rec.get("key"), str)
-                        or not isinstance(rec.get("offset"), int) or not isinstance(rec.get("value"), int)):
-                    fail(f"mops[{i}].records[{j}] needs a string key and integer offset and value")
-
-
 def validate_line(op: Any, fail) -> None:
     """Check one parsed line against the history format; `fail(msg)` raises."""
-    if not isinstance(op, dict):
-        fail("a history line must be a JSON object")
-    for name in ("index", "time", "process", "type", "f"):
-        if name not in op:
-            fail(f"missing required field {name!r}")
-    if not isinstance(op["index"], int) or isinstance(op["index"], bool):
-        fail(f"index {op['index']!r} is not an integer")
-    if not isinstance(op["time"], int) or isinstance(op["time"], bool):
-        fail(f"time {op['time']!r} is not an integer (nanoseconds)")
-    process = op["process"]
-    if not (process == "nemesis" or (isinstance(process, int) and not isinstance(process, bool))):
-        fail(f"process {process!r} is neither an integer nor \"nemesis\"")
-    if op["type"] not in TYPES:
-        fail(f"type {op['type']!r} is not one of {', '.join(TYPES)}")
-    if not isinstance(op["f"], str):
-        fail(f"f {op['f']!r} is not a string")
-    if op["f"] in MOP_FUNCTIONS and process != "nemesis":
-        _check_mops(op, fail)
-    if op["f"] in KEY_FUNCTIONS:
-        keys = op.get("keys")
-        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
-            fail(f"an {op['f']} operation needs 'keys', a list of strings")
-    ends = op.get("end_offsets")
-    if ends is not None:
-        if not isinstance(ends, dict):
-            fail(f"end_offsets {ends!r} is not an object of key -> end offset")
-        for key, end in ends.items():
-            if not isinstance(end, int) or isinstance(end, bool) or end < 0:
-                fail(f"end_offsets[{key!r}] is {end!r}, not a non-negative integer "
-                     f"(the offset where the key's log ends)")
-    finals = op.get("final_reads")
-    if finals is not None:
-        if not isinstance(finals, list):
-            fail("final_reads must be a list of {key, end, read_to, outcome}")
-        for i, r in enumerate(finals):
-            def nat(v):
-                return isinstance(v, int) and not isinstance(v, bool) and v >= 0
-            if (not isinstance(r, dict) or not isinstance(r.get("key"), str)
-                    or not (r.get("end") is None or nat(r.get("end"))) or not nat(r.get("read_to"))
-                    or r.get("outcome") not in ("reached", "unavailable", "timeout")):
-                fail(f"final_reads[{i}] needs a string key, end (a non-negative integer or null), "
-                     f"read_to (a non-negative integer) and outcome reached, unavailable or timeout")
+    try:
+        check_line(op)
+    except LineProblem as exc:
+        fail(exc.message)
+
+
+def read_bytes(path: str | Path) -> bytes:
+    """A history file's bytes, without a UTF-8 byte order mark at its start; HistoryError when
+    it cannot be read."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except IsADirectoryError:
+        raise HistoryError(path, None, "is a directory, not a history file: give the history.jsonl inside it, "
+                                       "or its store folder") from None
+    except FileNotFoundError:
+        raise HistoryError(path, None, "no such file: give a store folder holding history.jsonl, or the path "
+                                       "of a history file") from None
+    except OSError as exc:
+        raise HistoryError(path, None, f"cannot read the file ({exc.strerror or exc}): check that it exists "
+                                       f"and that this user may read it") from None
+    return raw[3:] if raw.startswith(BOM) else raw
+
+
+TORN = "the last line is cut short (no newline, not JSON) and was ignored: the harness stopped while writing it"
 
 
 def read_history(path: str | Path) -> ReadResult:
     """Read and validate a history; see the module docstring."""
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise HistoryError(path, None, f"cannot read: {exc.strerror}") from None
+    raw = read_bytes(path)
     notes: list[str] = []
     lines = raw.split(b"\n")
     torn_tail = lines[-1] != b""
@@ -135,42 +105,43 @@ def read_history(path: str | Path) -> ReadResult:
         lines.pop()
     ops: list[Op] = []
     open_ops: dict[Any, Op] = {}
+    retired: dict[Any, int] = {}
     last_time = None
+    last = len(lines)
     for lineno, line in enumerate(lines, 1):
-        is_last = lineno == len(lines)
-
-        def fail(problem: str, lineno=lineno) -> None:
-            raise HistoryError(path, lineno, problem + "; fix or remove this line")
-
-        if not line.strip():
-            fail("empty line")
         try:
-            op = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            if is_last and torn_tail:
-                notes.append(f"{path}:{lineno}: the last line is cut short (no newline, bad JSON) and was "
-                             f"ignored: the harness stopped while writing it")
+            op = parse_line(line)
+            check_line(op)
+        except LineProblem as exc:
+            if exc.syntax and lineno == last and torn_tail:
+                notes.append(f"{path}:{lineno}: {TORN}")
                 break
-            fail(f"bad JSON: {exc}")
-        validate_line(op, fail)
+            raise line_error(path, lineno, exc) from None
+        problem = None
         if op["index"] != len(ops):
-            fail(f"index {op['index']} where {len(ops)} was expected (indices run 0, 1, 2, ... with no gaps)")
-        if last_time is not None and op["time"] < last_time:
-            fail(f"time {op['time']} is earlier than the previous line's {last_time}")
-        last_time = op["time"]
-        process = op["process"]
-        if op["type"] == "invoke":
-            if process in open_ops:
-                fail(f"process {process} invokes while its operation at index "
-                     f"{open_ops[process]['index']} has not completed (one operation at a time)")
-            open_ops[process] = op
+            problem = PROBLEMS.index(op["index"], len(ops))
+        elif last_time is not None and op["time"] < last_time:
+            problem = PROBLEMS.time(op["time"], last_time)
         else:
-            inv = open_ops.pop(process, None)
-            if inv is None:
-                fail(f"a {op['type']} completion of process {process} with no invocation before it")
-            if inv["f"] != op["f"]:
-                fail(f"completion f {op['f']!r} does not match its invocation's {inv['f']!r} "
-                     f"(index {inv['index']})")
+            process = op["process"]
+            if process in retired:
+                problem = PROBLEMS.retired(process, retired[process])
+            elif op["type"] == "invoke":
+                if process in open_ops:
+                    problem = PROBLEMS.open(process, open_ops[process]["index"])
+                else:
+                    open_ops[process] = op
+            else:
+                inv = open_ops.pop(process, None)
+                if inv is None:
+                    problem = PROBLEMS.orphan(process, op["type"])
+                elif inv["f"] != op["f"]:
+                    problem = PROBLEMS.f(op["f"], inv["f"], inv["index"])
+                elif op["type"] == "info" and process != "nemesis":
+                    retired[process] = op["index"]
+        if problem is not None:
+            raise state_error(path, lineno, problem)
+        last_time = op["time"]
         ops.append(op)
     lines_read = len(ops)
     if open_ops:

@@ -230,7 +230,7 @@ def test_end_offsets_of_a_completion_are_read_as_a_map(spark, tmp_path):
     c, d = b.process(), b.process()
     b.assign(c, ["t/0", "t/1"], seek=True, ends={"t/0": 3, "t/1": 0})
     b.assign(c, ["t/0"])
-    b.op(d, "assign", "ok", {"keys": ["t/0"], "seek_to_beginning": True, "end_offsets": {"t/0": 9}}, completed=False)
+    b.op(d, "assign", "ok", {"keys": ["t/0"], "seek_to_beginning": True, "final": True}, completed=False)
     path = write(tmp_path / "history.jsonl", b.lines)
     read_history(path)
     history = load_history(spark, str(path))
