@@ -1,0 +1,133 @@
+"""The Spark engine at the edges of its rules, held to the Python engine: offsets at the top of
+64 bits (the highest offset, one below the largest long, and end offsets at the largest: no
+arithmetic may overflow, Spark's ANSI mode would fail the analysis), the final-reads
+record's outcome per key, and the stats' `mixed`. One history holds every scenario (each with its
+own keys and processes), so one Spark analysis checks them all."""
+
+from __future__ import annotations
+
+import pytest
+
+from faultline.history_analysis.anomalies import analyse
+from faultline.history_analysis.reference import analyse as analyse_python
+from faultline.models.history import read_history, write_history
+
+from .histories import Catalog
+
+MAX = 2**63 - 1
+TOP = MAX - 1  # the highest offset a record can have: one past it, where the log ends, is a long too
+
+scenario = Catalog()
+
+
+@scenario
+def top_of_the_log(s):
+    # A log ending at the highest offset: acknowledged sends and reads around it, a poll that skips
+    # an offset another read showed, a send order that skips one, and a final chain that reads to
+    # the end, which the broker puts at the largest long.
+    k, p, q, c, f = s.key(), s.process(), s.process(), s.process(), s.process()
+    s.send(p, [(k, 1, TOP - 3), (k, 3, TOP - 1)])
+    s.send(q, [(k, 2, TOP - 2), (k, 4, TOP)])
+    s.assign(c, [k])
+    s.poll(c, [(k, TOP - 3, 1)])
+    s.poll(c, [(k, TOP - 1, 3), (k, TOP, 4)])
+    s.poll(c, [(k, TOP, 4)])
+    s.assign(f, [k], seek=True, ends={k: MAX})
+    s.poll(f, [(k, TOP - 3, 1), (k, TOP - 2, 2), (k, TOP - 1, 3), (k, TOP, 4)])
+
+
+@scenario
+def read_beyond_a_top_final_log(s):
+    # The final log holds TOP - 1 and its end is TOP: a value read at TOP is beyond the end; one
+    # acknowledged at TOP is lost.
+    k, p, c, f = s.key(), s.process(), s.process(), s.process()
+    s.send(p, [(k, 1, TOP - 1)])
+    s.poll(c, [(k, TOP, 9)])
+    s.send(p, [(k, 2, TOP)])
+    s.assign(f, [k], seek=True, ends={k: TOP})
+    s.poll(f, [(k, TOP - 1, 1)])
+
+
+@scenario
+def final_read_outcomes(s):
+    # The latest completed final-reads operation naming a key gives its outcome; one never
+    # completed says nothing; a key only a final-reads record names is summarised too.
+    k, j, only, p, c, d = s.key("0"), s.key("1"), s.key("2"), s.process(), s.process(), s.process()
+    s.send(p, [(k, 1, 0), (j, 2, 0)])
+    s.assign(c, [k, j], seek=True)
+    s.poll(c, [(k, 0, 1), (j, 0, 2)])
+    first = [{"key": k, "end": 1, "read_to": 0, "outcome": "timeout"},
+             {"key": j, "end": None, "read_to": 0, "outcome": "unavailable"}]
+    s.op(c, "final-reads", "ok", {}, {"final_reads": first})
+    later = [{"key": k, "end": 1, "read_to": 1, "outcome": "reached"},
+             {"key": only, "end": None, "read_to": 0, "outcome": "unavailable"}]
+    s.op(d, "final-reads", "info", {}, {"final_reads": later})
+    s.op(s.process(), "final-reads", "ok", {}, completed=False)
+    return {"k": k, "j": j, "only": only}
+
+
+@scenario
+def mixed_operations(s):
+    # Two operations that both send and poll (one failed), one that only sends.
+    k, p, q = s.key(), s.process(), s.process()
+    s.op(p, "txn", "ok", {"mops": [{"f": "send", "key": k, "value": 1}, {"f": "poll"}]},
+         {"mops": [{"f": "send", "key": k, "value": 1, "offset": 0}, {"f": "poll", "records": []}]})
+    s.op(q, "txn", "fail", {"mops": [{"f": "poll"}, {"f": "send", "key": k, "value": 2}]})
+    s.send(p, [(k, 3, 1)])
+
+
+@pytest.fixture(scope="module")
+def both(spark, tmp_path_factory):
+    builder, facts = scenario.build()
+    path = tmp_path_factory.mktemp("edges") / "history.jsonl"
+    write_history(path, builder.lines)
+    read_history(path)
+    return analyse(spark, str(path), limit=1000), analyse_python(path, limit=1000), builder, facts
+
+
+def test_the_engines_agree_at_the_edges(both):
+    spark_result, python_result, builder, _ = both
+    assert spark_result.counts == python_result.counts
+    assert spark_result.examples == python_result.examples
+    assert (spark_result.stats, spark_result.notes) == (python_result.stats, python_result.notes)
+    assert spark_result.dependencies == python_result.dependencies
+    assert spark_result.hubs == python_result.hubs
+    assert spark_result.final_reads == python_result.final_reads
+    assert spark_result.stats == builder.stats()
+
+
+def _of(analysis, name):
+    return {kind: [w for w in ws if w["key"].startswith(f"{name}-t/")] for kind, ws in analysis.examples.items()
+            if any(w["key"].startswith(f"{name}-t/") for w in ws)}
+
+
+def test_offsets_at_the_top_of_64_bits(both):
+    spark_result = both[0]
+    found = _of(spark_result, "top_of_the_log")
+    assert set(found) == {"poll-skip", "nonmonotonic-poll", "int-send-skip"}
+    assert [(w["prev_offset"], w["next_offset"], w["skipped"]) for w in found["poll-skip"]] == \
+        [(TOP - 3, TOP - 1, [TOP - 2])]
+    assert [(w["prev_offset"], w["next_offset"]) for w in found["nonmonotonic-poll"]] == [(TOP, TOP)]
+    assert sorted((w["prev_offset"], w["next_offset"], w["skipped"]) for w in found["int-send-skip"]) == \
+        [(TOP - 3, TOP - 1, [TOP - 2]), (TOP - 2, TOP, [TOP - 1])]
+    [summary] = [r for r in spark_result.final_reads if r["key"] == "top_of_the_log-t/0"]
+    assert (summary["end"], summary["read_to"], summary["known_end"], summary["complete"]) == (MAX, MAX, MAX, True)
+    found = _of(spark_result, "read_beyond_a_top_final_log")
+    assert [(w["offset"], w["final_end"], w["final_read_to"]) for w in found["uncommitted-read"]] == \
+        [(TOP, TOP, TOP)]
+    assert [(w["offset"], w["final_value"], w["final_read_to"]) for w in found["lost-write"]] == [(TOP, None, TOP)]
+
+
+def test_the_latest_completed_final_reads_record_gives_the_outcome(both):
+    spark_result, _, _, facts = both
+    ix = facts["final_read_outcomes"]
+    outcomes = {r["key"]: r["outcome"] for r in spark_result.final_reads}
+    assert (outcomes[ix["k"]], outcomes[ix["j"]], outcomes[ix["only"]]) == ("reached", "unavailable", "unavailable")
+    [only] = [r for r in spark_result.final_reads if r["key"] == ix["only"]]
+    assert only == {"key": ix["only"], "assign": None, "end": None, "read_to": 0, "known_end": 0,
+                    "complete": False, "outcome": "unavailable"}
+    assert all(r["outcome"] is None for r in spark_result.final_reads if r["key"].startswith("top_of_the_log"))
+
+
+def test_mixed_counts_operations_that_both_send_and_poll(both):
+    assert both[0].stats["mixed"] == both[2].counts["mixed"] == 2
