@@ -1,4 +1,5 @@
-"""The queue workload's client against a real broker: what it records is what the broker did.
+"""The queue workload's client against a real broker: what it records is what the broker did,
+a partly acknowledged send and the final reads' end offsets included.
 
 A history is only as good as its client: a consumer that rewinds by itself would
 show a correct broker as out of order (int-nonmonotonic-poll).
@@ -75,5 +76,38 @@ def test_a_consumer_reassigned_while_an_earlier_start_is_resolved_never_rewinds(
         read = first + later
         jumps = [(a, b) for a, b in zip(read, read[1:]) if b != a + 1]
         assert not jumps, f"the consumer did not read on in order: offset {jumps[0][0]} was followed by {jumps[0][1]}"
+    finally:
+        client.close()
+
+
+def test_a_send_partly_refused_keeps_the_acknowledged_offset_and_says_why_the_rest_was_not(broker):
+    fill(broker.bootstrap, 3)
+    client = QueueClient(broker.bootstrap, {"acks": "all", "message.timeout.ms": "2000"}, dict(DEFAULT_CONSUMER), "p")
+    client.open()
+    try:
+        done = client.invoke({"f": "send", "mops": [{"f": "send", "key": KEY, "value": 10},
+                                                    {"f": "send", "key": "q/7", "value": 11}]})
+    finally:
+        client.close()
+    # q/7 does not exist: librdkafka refuses it, at produce() or in its delivery report; q/0 was
+    # acknowledged, so the operation as a whole happened in part.
+    assert done["type"] == "info", done
+    acknowledged, refused = done["mops"]
+    assert acknowledged == {"f": "send", "key": KEY, "value": 10, "offset": 3}
+    assert refused["offset"] is None and "Unknown partition" in refused["error"], refused
+
+
+def test_final_reads_name_the_keys_whose_end_the_broker_cannot_say_and_start_fresh_clients(broker):
+    fill(broker.bootstrap, 4)
+    client = QueueClient(broker.bootstrap, {}, dict(DEFAULT_CONSUMER), "f")
+    client.open()
+    try:
+        assert client.invoke({"f": "crash", "final": True})["type"] == "info", "the process ends: a new client"
+        done = client.invoke({"f": "assign", "keys": [KEY, "q/5"], "seek_to_beginning": True, "final": True})
+        assert done["type"] == "ok" and done["end_offsets"] == {KEY: 4}
+        assert set(done["unavailable"]) == {"q/5"}
+        record = [{"key": KEY, "end": 4, "read_to": 4, "outcome": "reached"}]
+        assert client.invoke({"f": "final-reads", "final": True, "_final_reads": record}) == {
+            "type": "ok", "final_reads": record}
     finally:
         client.close()
