@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
+import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -36,6 +37,8 @@ from .generator import PENDING, EachThread, fill, rng_state
 Op = dict[str, Any]
 
 LOG_START = 0
+# Seconds a final assign may spend asking the broker where the keys end.
+END_OFFSETS_TIME = 10.0
 
 # librdkafka's own log lines (connection refused while a broker is down, ...) go here;
 # the runner sends them to clients.log in the run's store folder.
@@ -535,11 +538,22 @@ class QueueClient:
         ends: dict[str, int] = {}
         unavailable: dict[str, str] = {}
         known_topics = set()
+        # Each question may wait up to 5 s; all of them together END_OFFSETS_TIME, so that a broker
+        # that answers nothing holds the final reader up once, not once per key.
+        deadline = time.monotonic() + END_OFFSETS_TIME
+
+        def wait() -> float | None:
+            left = deadline - time.monotonic()
+            return None if left <= 0 else min(5.0, max(0.5, left))
+
         for topic in sorted({parse_key(k)[0] for k in keys}):
             # A new consumer knows no partition until it has the topic's metadata: without it the
             # query answers _UNKNOWN_PARTITION at once.
             try:
-                self.consumer.list_topics(topic, timeout=5)
+                if (timeout := wait()) is None:
+                    raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "not asked: earlier questions took "
+                                                                           f"{END_OFFSETS_TIME:g}s"))
+                self.consumer.list_topics(topic, timeout=timeout)
                 known_topics.add(topic)
             except KafkaException as exc:
                 for key in keys:
@@ -549,8 +563,11 @@ class QueueClient:
             topic, partition = parse_key(key)
             if topic not in known_topics:
                 continue
+            if (timeout := wait()) is None:
+                unavailable[key] = f"not asked: the questions before took {END_OFFSETS_TIME:g}s"
+                continue
             try:
-                _, end = self.consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=5,
+                _, end = self.consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout,
                                                              cached=False)
             except KafkaException as exc:
                 unavailable[key] = f"the end offset is unknown: {exc}"
