@@ -3,8 +3,10 @@
 In: the db (start/kill/wait_ready/running by node name, and `leader(topic,
 partition)` for the node leading a partition), the node names and the
 test's keys ("topic/partition"). Out: `kill` kills a broker and reports which
-node, why it was chosen, the signal and the pid it killed; `start` restarts
-every broker this nemesis killed and reports which, with their new pids.
+node, the kind of target (`target`) and why it was chosen, the signal and the
+pid it killed; `start` restarts every broker this nemesis killed, each even
+after another failed, and reports which, with their new pids and each node's
+outcome (nemesis.core: a node that failed raises RepairFailed at the end).
 The target is a random live node (`kill`), the current leader of a random
 key (`kill-leader`), the controller (`kill-controller`), a random majority
 (`kill-majority`) or every broker at once (`kill-all`). `pause`/`pause-leader` SIGSTOP a broker and SIGCONT it.
