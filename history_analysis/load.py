@@ -59,9 +59,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
+from urllib.parse import unquote, urlparse
 
 from pyspark import StorageLevel
-from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -170,11 +170,50 @@ def _sql_map(d: dict[int, int | None]) -> str:
     return f"map({items})"
 
 
+# `_blk`: a history's number * FILE_SHIFT + the start of the split in its file, so one query
+# checks several histories at once (validate_histories) as it checks one.
+FILE_SHIFT = 1 << 40
+
+
 def load_history(spark: SparkSession, path: str | os.PathLike) -> History:
     """Read and validate a history file; see the module docstring."""
     path = str(path)
     with sized_for(spark, file_size(path)):
-        return _load(spark, path)
+        spark_path = _spark_path(path)
+        with _spark_failures(spark, path):
+            parsed = _parse(spark, [spark_path], single=True)
+            persisted = [parsed]
+            try:
+                states, paired = _check(spark, [path], parsed, persisted)
+                return _history(path, states[0], parsed, paired, persisted)
+            except BaseException:
+                for df in persisted:
+                    df.unpersist()
+                raise
+
+
+def validate_histories(spark: SparkSession, paths: list[str | os.PathLike]) -> dict[str, HistoryError | None]:
+    """Validate several local history files in one pass, with the same checks and words as
+    load_history: for each path, its HistoryError, or None when load_history would accept it."""
+    out: dict[str, HistoryError | None] = {}
+    readable = []
+    for path in map(str, paths):
+        try:
+            readable.append((path, _spark_path(path)))
+        except HistoryError as exc:
+            out[path] = exc
+    if readable:
+        with _spark_failures(spark, readable[0][0]):
+            parsed = _parse(spark, [sp for _, sp in readable], single=False, local=[p for p, _ in readable])
+            persisted = [parsed]
+            try:
+                states, _ = _check(spark, [p for p, _ in readable], parsed, persisted)
+            finally:
+                for df in persisted:
+                    df.unpersist()
+        for (path, _), state in zip(readable, states):
+            out[path] = state["problem"]
+    return {str(p): out[str(p)] for p in paths}
 
 
 def file_size(path: str) -> int | None:
@@ -185,37 +224,52 @@ def file_size(path: str) -> int | None:
         return None
 
 
-def _load(spark: SparkSession, path: str) -> History:
-    if _is_local(path):
-        p = _local(path)
-        if p.is_dir():
-            raise HistoryError(path, None, "is a directory, not a history file: give the history.jsonl inside it, "
-                                           "or its store folder")
-        # Python's words for a file that is absent or cannot be read (Spark would say "does not exist").
-        try:
-            with open(p, "rb") as f:
-                f.read(1)
-        except OSError:
-            read_bytes(p)  # raises HistoryError with the reason
-            raise
-        # Spark reads a path as a glob pattern: escape a file name's own brackets, stars, ...
-        spark_path = re.sub(r"([\\\[\]{}*?])", r"\\\1", str(p.resolve()))
-    else:
-        spark_path = path
+def _spark_path(path: str) -> str:
+    """The path to give Spark; HistoryError, in the Python reader's words, for a local file that is
+    absent, a directory, or cannot be read (Spark would say "does not exist")."""
+    if not _is_local(path):
+        return path
+    p = _local(path)
+    if p.is_dir():
+        read_bytes(p)
+    try:
+        with open(p, "rb") as f:
+            f.read(1)
+    except OSError:
+        read_bytes(p)  # raises HistoryError with the reason
+        raise
+    # Spark reads a path as a glob pattern: escape a file name's own brackets, stars, ...
+    return re.sub(r"([\\\[\]{}*?])", r"\\\1", str(p.resolve()))
+
+
+@contextmanager
+def _spark_failures(spark: SparkSession, path: str) -> Iterator[None]:
+    """The JSON reader's settings (schema.SPARK_CONF) meanwhile, and Spark's own failures as a
+    HistoryError of one line."""
     with _spark_conf(spark, schema.SPARK_CONF):
         try:
-            return _read(spark, path, spark_path)
+            yield
         except HistoryError:
             raise
         except Exception as exc:  # noqa: BLE001 - Spark's own failures, in one line
-            if type(exc).__name__ not in ("Py4JJavaError", "Py4JError") and not hasattr(exc, "getErrorClass") \
-                    and not isinstance(exc, AnalysisException):
+            if type(exc).__name__ not in ("Py4JJavaError", "Py4JError") and not hasattr(exc, "getErrorClass"):
                 raise
             raise HistoryError(path, None, f"Spark could not read the file: {spark_failure(exc)}") from None
 
 
-def _read(spark: SparkSession, path: str, spark_path: str) -> History:
-    text = spark.read.option("lineSep", "\n").text(spark_path)
+def _parse(spark: SparkSession, spark_paths: list[str], single: bool, local: list[str] | None = None) -> DataFrame:
+    """Every line of the files, parsed (persisted): `_mid`, `_blk`, `_bad`, `_raw` (the bytes of a
+    flagged line), and the line's columns."""
+    text = spark.read.option("lineSep", "\n").text(spark_paths if len(spark_paths) > 1 else spark_paths[0])
+    if single:
+        blk = F.col("_metadata.file_block_start")
+    else:
+        # Spark names each file by its URI: number them in the order given.
+        uris = [r[0] for r in text.select("_metadata.file_path").distinct().collect()]
+        order = {str(_local(p).resolve()): i for i, p in enumerate(local or [])}
+        fid = {u: order[str(Path(unquote(urlparse(u).path)))] for u in uris}
+        items = ", ".join(f"{schema.sql_str(u)}, CAST({i} AS BIGINT)" for u, i in fid.items())
+        blk = F.expr(f"element_at(map({items}), _metadata.file_path) * {FILE_SHIFT} + _metadata.file_block_start")
     # Each line parsed as `[<line>,{"<nonce>":1}]`: a line that is not exactly one JSON object
     # cannot come out as an array of two with the nonce last.
     nonce = "faultline-" + secrets.token_hex(12)
@@ -223,7 +277,7 @@ def _read(spark: SparkSession, path: str, spark_path: str) -> History:
     parsed = (
         text.select(
             F.monotonically_increasing_id().alias("_mid"),
-            F.col("_metadata.file_block_start").alias("_blk"),
+            blk.alias("_blk"),
             F.col("value").alias("_text"),
             F.from_json(F.concat(F.lit(before), "value", F.lit(after)), schema.spark_line_type(nonce),
                         schema.JSON_OPTIONS).alias("_arr"),
@@ -232,26 +286,23 @@ def _read(spark: SparkSession, path: str, spark_path: str) -> History:
         .selectExpr("_mid", "_blk", "_text", f"{schema.spark_bad('_arr', '_j', '_text', nonce)} AS _bad",
                     *schema.spark_columns("_j"))
     )
-    parsed = (
+    return (
         parsed.withColumn("_raw", F.when(F.col("_bad"), F.col("_text").cast("binary")))
         .drop("_text")
         .persist(StorageLevel.MEMORY_AND_DISK)
     )
-    persisted = [parsed]
-    try:
-        return _validate(spark, path, parsed, persisted)
-    except BaseException:
-        for df in persisted:
-            df.unpersist()
-        raise
 
 
-def _validate(spark: SparkSession, path: str, parsed: DataFrame, persisted: list[DataFrame]) -> History:
-    # One pass over the file for the splits (to number lines), the first
+def _check(spark: SparkSession, paths: list[str], parsed: DataFrame,
+           persisted: list[DataFrame]) -> tuple[list[dict[str, Any]], DataFrame]:
+    """Number the lines of each file and find its first problem: per file (in the order of
+    `paths`) a dict of blocks, total, dropped, notes and problem; and `paired`, every accepted
+    line with the previous line of its process (persisted)."""
+    # One pass over the files for the splits (to number lines), the first
     # malformed line of each (with its text), the last line (for a torn
     # tail), and the operation counts: in a valid history every completion
     # closes one invocation, so what stays open is the difference.
-    blocks = sorted(
+    rows = sorted(
         parsed.groupBy("_blk").agg(*[F.expr(e) for e in (
             "min(_mid) AS lo", "max(_mid) AS hi", "count(1) AS n",
             "max_by(time, _mid) AS last_time", "max(time) AS max_time",
@@ -263,56 +314,58 @@ def _validate(spark: SparkSession, path: str, parsed: DataFrame, persisted: list
         )]).collect(),
         key=lambda r: r["_blk"],
     )
+    states: list[dict[str, Any]] = [{"blocks": [], "notes": [], "problems": [], "dropped": None} for _ in paths]
+    for r in rows:
+        states[r["_blk"] // FILE_SHIFT]["blocks"].append(r)
     shift: dict[int, int] = {}
     first_id: dict[int, int] = {}
     prev_last_time: dict[int, int | None] = {}
-    base, last_time = 1, None
-    for b in blocks:
-        if b["hi"] - b["lo"] + 1 != b["n"]:
-            raise RuntimeError(f"cannot number the lines of {path}: split {b['_blk']} was not read in one run")
-        shift[b["_blk"]] = base - b["lo"]
-        first_id[b["_blk"]] = b["lo"]
-        prev_last_time[b["_blk"]] = last_time
-        base += b["n"]
-        last_time = b["last_time"]
-    total = base - 1
+    for path, state in zip(paths, states):
+        blocks = state["blocks"]
+        base, last_time = 1, None
+        for b in blocks:
+            if b["hi"] - b["lo"] + 1 != b["n"]:
+                raise RuntimeError(f"cannot number the lines of {path}: split {b['_blk']} was not read in one run")
+            shift[b["_blk"]] = base - b["lo"]
+            first_id[b["_blk"]] = b["lo"]
+            prev_last_time[b["_blk"]] = last_time
+            base += b["n"]
+            last_time = b["last_time"]
+        total = state["total"] = base - 1
+        if total and not _ends_with_newline(spark, path):
+            last = blocks[-1]["last_line"]
+            if last["_bad"] and _first_problem(last["_raw"]).syntax:
+                state["dropped"] = total
+                state["notes"].append(f"{path}:{total}: {TORN}")
+        # Every problem as (line, rank, error): the smallest line wins, and on
+        # one line the Python reader's order of checks (structure, index, time, process).
+        bad = sorted((b["first_bad"]["_mid"] + shift[b["_blk"]], b["first_bad"]["_raw"])
+                     for b in blocks if b["first_bad"] is not None)
+        bad = [(line, raw) for line, raw in bad if line != state["dropped"]]
+        if bad:
+            state["problems"].append((bad[0][0], 0, line_error(path, bad[0][0], _first_problem(bad[0][1]))))
 
-    notes: list[str] = []
-    dropped = None
-    if total and not _ends_with_newline(spark, path):
-        last = blocks[-1]["last_line"]
-        if last["_bad"] and _first_problem(last["_raw"]).syntax:
-            dropped = total
-            notes.append(f"{path}:{total}: {TORN}")
-
-    # Every problem as (line, rank, error): the smallest line wins, and on
-    # one line the Python reader's order of checks (structure, index, time, process).
-    problems: list[tuple[int, int, HistoryError]] = []
-    bad = sorted((b["first_bad"]["_mid"] + shift[b["_blk"]], b["first_bad"]["_raw"])
-                 for b in blocks if b["first_bad"] is not None)
-    bad = [(line, raw) for line, raw in bad if line != dropped]
-    if bad:
-        problems.append((bad[0][0], 0, line_error(path, bad[0][0], _first_problem(bad[0][1]))))
-
-    lines = parsed.selectExpr("*", f"_mid + element_at({_sql_map(shift)}, _blk) AS line")
-    if dropped is not None:
-        lines = lines.filter(f"line != {dropped}")
+    lines = parsed.selectExpr("*", f"_mid + element_at({_sql_map(shift)}, _blk) AS line",
+                              f"_blk DIV {FILE_SHIFT} AS _fid")
+    for fid, state in enumerate(states):
+        if state["dropped"] is not None:
+            lines = lines.filter(f"NOT (_fid = {fid} AND line = {state['dropped']})")
 
     in_order = lines.selectExpr(
-        "line", "index", "time",
+        "_fid", "line", "index", "time",
         f"""CASE WHEN _mid = element_at({_sql_map(first_id)}, _blk) THEN element_at({_sql_map(prev_last_time)}, _blk)
             ELSE lag(time) OVER (PARTITION BY _blk ORDER BY _mid) END AS prev_time""",
     ).selectExpr(
-        "line", "CASE WHEN index != line - 1 THEN 1 WHEN time < prev_time THEN 2 END AS rank",
+        "_fid", "line", "CASE WHEN index != line - 1 THEN 1 WHEN time < prev_time THEN 2 END AS rank",
         "CASE WHEN index != line - 1 THEN 'index' ELSE 'time' END AS code",
         "index AS n1", "time AS n2", "prev_time AS n3",
         "CAST(NULL AS STRING) AS s1", "CAST(NULL AS STRING) AS s2", "CAST(NULL AS STRING) AS s3",
         "CAST(NULL AS STRING) AS s4",
     ).filter("rank IS NOT NULL")
 
-    chain = "OVER (PARTITION BY process ORDER BY line)"
+    chain = "OVER (PARTITION BY _fid, process ORDER BY line)"
     paired = lines.filter("process IS NOT NULL").selectExpr(
-        *LINE_COLUMNS,
+        "_fid", *LINE_COLUMNS,
         *[f"lag({col}) {chain} AS prev_{name}" for col, name in (
             ("type", "type"), ("f", "f"), ("index", "index"), ("time", "time"),
             ("seek_to_beginning", "seek"), ("final", "final"))],
@@ -320,11 +373,12 @@ def _validate(spark: SparkSession, path: str, parsed: DataFrame, persisted: list
         *[f"lag({col}) {chain} AS prev_{col}" for col in ("mops", "keys", "rebalance_log")],
         f"lead(type) {chain} AS next_type",
         "CAST(sum(CASE WHEN type = 'invoke' AND f IN ('assign', 'subscribe') THEN 1 ELSE 0 END) OVER ("
-        "PARTITION BY process ORDER BY line ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS BIGINT) AS assignment",
+        "PARTITION BY _fid, process ORDER BY line ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS BIGINT) "
+        "AS assignment",
     ).persist(StorageLevel.MEMORY_AND_DISK)
     persisted.append(paired)
     one_at_a_time = paired.selectExpr(
-        "line", "3 AS rank",
+        "_fid", "line", "3 AS rank",
         """CASE WHEN prev_type = 'info' AND process != 'nemesis' THEN 'retired'
                 WHEN type = 'invoke' AND prev_type = 'invoke' THEN 'open'
                 WHEN type != 'invoke' AND (prev_type IS NULL OR prev_type != 'invoke') THEN 'orphan'
@@ -332,11 +386,12 @@ def _validate(spark: SparkSession, path: str, parsed: DataFrame, persisted: list
         "prev_index AS n1", "CAST(NULL AS BIGINT) AS n2", "CAST(NULL AS BIGINT) AS n3",
         "process AS s1", "type AS s2", "f AS s3", "prev_f AS s4",
     ).filter("code IS NOT NULL")
-    # Both checks in one job, which also fills the cache of `paired`.
-    first = in_order.union(one_at_a_time).orderBy("line", "rank").limit(1).collect()
-    if first:
-        r = first[0]
-        P = schema.PROBLEMS
+    # Both checks in one job, which also fills the cache of `paired`: each file's first problem.
+    firsts = (in_order.union(one_at_a_time).groupBy("_fid")
+              .agg(F.expr("min(struct(line, rank, code, n1, n2, n3, s1, s2, s3, s4)) AS p")).collect())
+    P = schema.PROBLEMS
+    for f in firsts:
+        r, path = f["p"], paths[f["_fid"]]
         problem = {
             "index": lambda: P.index(r["n1"], r["line"] - 1),
             "time": lambda: P.time(r["n2"], r["n3"]),
@@ -345,10 +400,17 @@ def _validate(spark: SparkSession, path: str, parsed: DataFrame, persisted: list
             "orphan": lambda: P.orphan(r["s1"], r["s2"]),
             "f": lambda: P.f(r["s3"], r["s4"], r["n1"]),
         }[r["code"]]()
-        problems.append((r["line"], r["rank"], state_error(path, r["line"], problem)))
-    if problems:
-        raise min(problems, key=lambda p: p[:2])[2]
+        states[f["_fid"]]["problems"].append((r["line"], r["rank"], state_error(path, r["line"], problem)))
+    for state in states:
+        state["problem"] = min(state["problems"], key=lambda p: p[:2])[2] if state["problems"] else None
+    return states, paired
 
+
+def _history(path: str, state: dict[str, Any], parsed: DataFrame, paired: DataFrame,
+             persisted: list[DataFrame]) -> History:
+    if state["problem"] is not None:
+        raise state["problem"]
+    blocks, notes = state["blocks"], state["notes"]
     total_of = lambda name: sum(b[name] or 0 for b in blocks)  # noqa: E731
     never = total_of("invokes") - total_of("completions")
     never_client = total_of("client_invokes") - sum(total_of(t) for t in COMPLETIONS)
@@ -385,7 +447,7 @@ def _validate(spark: SparkSession, path: str, parsed: DataFrame, persisted: list
         ops=paired.select(*LINE_COLUMNS),
         operations=completed.union(open_ops),
         notes=notes,
-        lines=total - (1 if dropped is not None else 0),
+        lines=state["total"] - (1 if state["dropped"] is not None else 0),
         stats=stats,
         _persisted=persisted,
     )

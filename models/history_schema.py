@@ -551,6 +551,9 @@ LINE = Obj("a JSON object", [
     Field("warning", TEXT),
     Field("final", BOOL, allowed=Where(client=True)),
     Field("end_offsets", MapOf(KEY, END, "an object of key -> end offset"), allowed=Where(client=True, types=COMPLETIONS)),
+    # On a final assign's completion: the keys whose end the broker could not say, and why.
+    Field("unavailable", MapOf(KEY, TEXT, "an object of key -> why (a string)"),
+          allowed=Where(client=True, types=COMPLETIONS)),
     Field("final_reads", ListOf(FINAL_READ, "a list of {key, end, read_to, outcome} objects"),
           required=Where(client=True, fs=("final-reads",), types=("ok",)),
           allowed=Where(client=True, fs=("final-reads",), types=COMPLETIONS)),
@@ -746,6 +749,8 @@ def _spark_out(t: Type):
         return T.StringType()
     if isinstance(t, ListOf):
         return T.ArrayType(_spark_out(t.item))
+    if isinstance(t, MapOf):
+        return T.MapType(T.StringType(), _spark_out(t.value))
     if isinstance(t, (Obj, Tagged)):
         fields = {}
         for obj in ([t] if isinstance(t, Obj) else t.variants.values()):
@@ -766,6 +771,8 @@ def spark_columns(line: str) -> list[str]:
                        f"'bigint') AS STRING) ELSE try_variant_get({col}, '$', 'string') END AS {fd.name}")
         elif fd.type.variant:
             out.append(f"try_variant_get({col}, '$', 'string') AS {fd.name}")
+        elif isinstance(fd.type, MapOf) and fd.type.value.variant:
+            out.append(f"transform_values({col}, (k, v) -> try_variant_get(v, '$', 'string')) AS {fd.name}")
         elif _spark_out(fd.type) != fd.type.spark():
             out.append(f"CAST({col} AS {_spark_out(fd.type).simpleString()}) AS {fd.name}")
         else:
