@@ -39,7 +39,6 @@ from pathlib import Path
 
 from ..control.wait import wait_until
 from ..models.spec import TestSpec
-from . import kafka_jars
 from .reference import DAEMON, DISK, ReferenceBrokerDB
 from .zookeeper import ZooKeeperDB
 
@@ -52,6 +51,13 @@ HEAP = "-Xmx512m"
 # Files of a node's folder copied into store/nodes/<node>/ (the GC log rotates: kafka-gc.log.N too).
 LOG_FILES = ("server.log", "controller.log", "state-change.log", "kafka.out", "server.properties",
              "format.log", "disk.log")
+
+
+def _jars():
+    # Imported when needed, so `python -m faultline.db.kafka_jars` runs a module not yet imported.
+    from . import kafka_jars
+
+    return kafka_jars
 
 
 def cluster_id() -> str:
@@ -169,6 +175,7 @@ class KafkaDB(ReferenceBrokerDB):
 
     def command(self, node: str) -> list[str]:
         assert self.home is not None, "setup() resolves the jars first"
+        kafka_jars = _jars()
         java = shutil.which("java") or "/usr/bin/java"
         version = self.spec.kafka_version
         config = self.home / kafka_jars.log_config_name(version)
@@ -196,6 +203,7 @@ class KafkaDB(ReferenceBrokerDB):
         """Format the node's log dirs with Kafka's storage tool (KRaft), with the test's feature levels.
         With power loss, onto the node's disk (the durable side), before its file system is mounted."""
         assert self.home is not None
+        kafka_jars = _jars()
         root = self.disk_dir(node) if self.power_loss else self.data_root(node)
         props = self.node_dir(node) / "format.properties"
         props.write_text(properties_text(self.settings(node, root)))
@@ -250,7 +258,7 @@ class KafkaDB(ReferenceBrokerDB):
         return "it logged nothing"
 
     def setup(self) -> None:
-        self.home = kafka_jars.resolve(self.spec.kafka_version)
+        self.home = _jars().resolve(self.spec.kafka_version)
         if self.zookeeper is not None:
             self.zookeeper.setup()
         for node in self.nodes:
