@@ -144,8 +144,8 @@ def test_an_acknowledgement_without_an_offset_records_none():
 
 def test_a_missing_report_is_indeterminate_and_says_so():
     done = send_completion(MOPS, [Report.delivered(None, 4), None], 0)
-    assert done == {"type": "info", "error": SEND_OUTCOMES[NO_REPORT].reason,
-                    "mops": [dict(MOPS[0], offset=4), dict(MOPS[1], offset=None, error=SEND_OUTCOMES[NO_REPORT].reason)]}
+    why = SEND_OUTCOMES[NO_REPORT].reason
+    assert done == {"type": "info", "error": why, "mops": [dict(MOPS[0], offset=4), dict(MOPS[1], offset=None, error=why)]}
 
 
 def test_a_send_refused_by_produce_before_anything_left_the_client_fails():

@@ -205,7 +205,8 @@ class FailingDB(RecordingDB):
         return super().power_on(node)
 
 
-@pytest.mark.parametrize("kind,fault,repair", [("kill-all", "kill", "start"), ("power-loss-all", "power-off", "power-on")])
+@pytest.mark.parametrize("kind,fault,repair", [("kill-all", "kill", "start"),
+                                               ("power-loss-all", "power-off", "power-on")])
 def test_a_repair_that_fails_on_one_node_repairs_the_others_and_says_which_failed(kind, fault, repair):
     db = FailingDB({"n2"})
     nemeses, _ = catalog.build([kind], db, NODES, KEYS)

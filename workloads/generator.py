@@ -15,7 +15,8 @@ operation, not take it (a completion arrived first), and ask again.
 
 Combinators build tests out of small parts: a list of ops (`Seq`), `Once`,
 `Fn` (an op computed from the context), `Phases` (each runs to its end on
-every thread before the next starts; a phase may be made from the one before), `Any` (the soonest op of several),
+every thread before the next starts; a phase may be made from the one
+before), `Any` (the soonest op of several),
 `Mix` (a random one of several, reproducibly), `Stagger` (random delays),
 `TimeLimit`, `EachThread` (a generator of its own per thread, or per process),
 `UntilOk` (until one op completes ok), `OnThreads`, `clients` and `nemesis`
