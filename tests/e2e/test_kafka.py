@@ -1,0 +1,137 @@
+"""`faultline run --db kafka`: Apache Kafka from its own jars, under the same workload, nemeses and
+checker as the reference broker.
+
+The jars come from faultline's cache (`~/.cache/faultline/kafka/<version>/`, which
+`scripts/setup` fills); a version missing there is resolved from Maven Central first.
+Each run is short (25-30 s of workload); the durations measured are in the README.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from faultline.control.wait import wait_until
+from faultline.models.history import read_history
+from tests.e2e.test_run import NOTHING_LEFT, faultline, leftovers
+
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root"), pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def kafka_jvms() -> list[str]:
+    """Kafka JVMs of faultline runs (their server.properties live in a run's work folder)."""
+    out = subprocess.run(["pgrep", "-af", r"kafka\.Kafka /tmp/faultline-"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if line.strip()]
+
+
+def everything_left() -> dict:
+    return {**leftovers(), "kafka": kafka_jvms()}
+
+
+NOTHING = {**NOTHING_LEFT, "kafka": []}
+
+
+def run_kafka(store: Path, *args: str, timeout: float = 900) -> tuple[subprocess.CompletedProcess, Path, dict]:
+    started = time.monotonic()
+    proc = faultline("run", "--db", "kafka", "--store", str(store), "--no-progress", *args, timeout=timeout)
+    print(f"faultline run --db kafka {' '.join(args)}: {time.monotonic() - started:.0f} s, exit {proc.returncode}")
+    run_dir = (store / "latest").resolve()
+    results = json.loads((run_dir / "results.json").read_text())
+    return proc, run_dir, results
+
+
+def faults(run_dir: Path) -> list[dict]:
+    return [op for op in read_history(run_dir / "history.jsonl").ops
+            if op["process"] == "nemesis" and op["type"] == "info" and op["f"] != "heal"]
+
+
+@pytest.mark.parametrize("version", ["4.3.1", "3.9.1"])
+def test_a_safe_run_under_partitions_kills_and_pauses_is_valid(tmp_path, version):
+    # acks=all and idempotence are the default producer; RF 3 on 3 nodes; min.insync.replicas=2.
+    proc, run_dir, results = run_kafka(
+        tmp_path / "store", "--kafka-version", version, "--nodes", "3", "--time-limit", "30", "--rate", "60",
+        "--seed", "21", "--broker-set", "min.insync.replicas=2", "--nemesis", "partition,kill,pause",
+        "--nemesis-interval", "4")
+    assert proc.returncode == 0 and results["valid"] is True, proc.stdout + proc.stderr
+    assert results["model"] == "exactly-once"
+    spec = json.loads((run_dir / "test.json").read_text())
+    assert (spec["broker"], spec["kafka_version"], spec["kafka_mode"]) == ("kafka", version, "kraft")
+    assert spec["replication_factor"] is None and spec["nodes"] == 3  # RF defaults to min(3, nodes)
+    done = faults(run_dir)
+    kinds = {op["f"] for op in done}
+    assert len(done) >= 4 and kinds & {"start-partition", "kill", "pause"}, done
+    assert any(op["value"].get("nodes") or op["value"].get("grudge") for op in done), done
+    assert results["stats"]["by_f"]["send"]["ok"] > 100, results["stats"]
+    for node in ("n1", "n2", "n3"):
+        folder = run_dir / "nodes" / node
+        for name in ("server.log", "controller.log", "kafka-gc.log", "server.properties", "format.log"):
+            assert (folder / name).exists(), (node, name)
+        assert f"Kafka version: {version}" in (folder / "server.log").read_text(), node
+        props = (folder / "server.properties").read_text()
+        assert "min.insync.replicas=2" in props and "offsets.topic.replication.factor=3" in props
+    assert everything_left() == NOTHING
+
+
+def test_acks_1_loses_acknowledged_writes_to_leader_kills_and_acks_all_does_not(tmp_path):
+    # Followers fetch at most every 2 s and only once 1 MB waits (it never does at this rate):
+    # a leader holds up to 2 s of writes alone. SIGKILLed, a follower without them takes over,
+    # and the old leader truncates them when it rejoins. acks=1 acknowledged them; acks=all with
+    # min.insync.replicas=2 waits for a follower's copy first (hence the longer producer timeouts,
+    # the same in both runs). The same seed gives both runs the same kill schedule.
+    common = ["--kafka-version", "4.3.1", "--nodes", "3", "--time-limit", "30", "--rate", "80", "--seed", "11",
+              "--concurrency", "8",
+              "--nemesis", "kill-leader", "--nemesis-interval", "6",
+              "--broker-set", "replica.fetch.wait.max.ms=2000", "--broker-set", "replica.fetch.min.bytes=1000000",
+              "--producer", "message.timeout.ms=12000", "--producer", "request.timeout.ms=8000"]
+    proc, run_dir, results = run_kafka(tmp_path / "acks1", *common, "--producer", "acks=1",
+                                       "--producer", "enable.idempotence=false")
+    # acks=1 promises no durability, so the loss is allowed (valid) but reported.
+    assert proc.returncode == 0 and results["valid"] is True, proc.stdout + proc.stderr
+    assert results["model"].startswith("best-effort"), results["model"]
+    lost = results["counts"].get("lost-write", 0)
+    print(f"acks=1: {lost} acknowledged writes lost; counts {results['counts']}")
+    assert lost > 0, results["counts"]
+    assert "lost-write" in proc.stdout
+    kills1 = [(op["f"], op["value"].get("leader_of")) for op in faults(run_dir) if op["f"] == "kill"]
+    assert kills1 and all(op["value"]["nodes"] for op in faults(run_dir) if op["f"] == "kill")
+
+    proc, run_dir, results = run_kafka(tmp_path / "acksall", *common, "--broker-set", "min.insync.replicas=2")
+    print(f"acks=all, min.insync.replicas=2: counts {results['counts']}, stats {results['stats']['by_f']['send']}")
+    assert proc.returncode == 0 and results["valid"] is True, proc.stdout + proc.stderr
+    assert results["model"] == "exactly-once"
+    assert "lost-write" not in results["counts"] and "unseen" not in results["counts"], results["counts"]
+    kills2 = [op for op in faults(run_dir) if op["f"] == "kill"]
+    assert kills2 and all(op["value"]["nodes"] for op in kills2), kills2
+    # Each acks=all send waits for a follower's next fetch (up to 2 s): few, but acknowledged
+    # around the kills.
+    assert results["stats"]["by_f"]["send"]["ok"] >= 15, results["stats"]["by_f"]["send"]
+    assert everything_left() == NOTHING
+
+
+def test_cleanup_after_a_sigkilled_kafka_run_leaves_no_kafka_jvm(tmp_path):
+    store = tmp_path / "store"
+    run = subprocess.Popen([sys.executable, "-m", "faultline.runner.cli", "run", "--db", "kafka", "--nodes", "3",
+                            "--time-limit", "120", "--store", str(store), "--no-progress"], cwd=REPO,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: len(kafka_jvms()) == 3, 180, "the run never started its three Kafka JVMs")
+        run.send_signal(signal.SIGKILL)
+        run.wait(10)
+        assert len(kafka_jvms()) == 3, "the Kafka JVMs should outlive a SIGKILLed harness"
+        cleaned = faultline("cleanup")
+        assert cleaned.returncode == 0, cleaned.stdout + cleaned.stderr
+        assert "kafka.Kafka" in cleaned.stdout, cleaned.stdout
+        assert everything_left() == NOTHING, cleaned.stdout
+    finally:
+        if run.poll() is None:
+            run.kill()
+        faultline("cleanup")
