@@ -642,6 +642,9 @@ def parse_line(raw: bytes) -> Any:
     except RecursionError:
         raise LineProblem(None, f"bad JSON: {_DEPTH_PROBLEM}", syntax=True) from None
     except json.JSONDecodeError as exc:
+        if exc.msg.startswith("Unexpected UTF-8 BOM"):
+            raise LineProblem(None, "bad JSON: a byte order mark (U+FEFF) that does not start the file; remove "
+                                    "it (only the file's first line may start with one)", syntax=True) from None
         if exc.msg == "Extra data":
             raise LineProblem(None, f"bad JSON: more than one JSON value on the line (the first ends before column "
                                     f"{exc.colno}); a line holds exactly one JSON object", syntax=True) from None
