@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from ..models.guarantees import STRICTEST, Model, for_history, model_for_settings, model_named
-from ..models.history import HistoryError
+from ..models.history import HistoryError, one_line
+from ..models.spec_schema import SpecFileError, read_spec_file
 from .cycles import add_cycles
 from .verdict import exit_status, fail_closed, unknown, verdict, write_results
 
@@ -43,17 +44,12 @@ def locate(path: str | Path) -> tuple[Path, Path]:
 
 
 def read_spec(directory: Path) -> dict[str, Any] | None:
-    """The run's test.json beside its history, or None when there is none."""
+    """The run's test.json beside its history, checked against its schema (models/spec_schema.py),
+    or None when there is none; a SpecFileError (a ValueError) naming test.json and the field."""
     spec_path = directory / "test.json"
     if not spec_path.exists():
         return None
-    try:
-        spec = json.loads(spec_path.read_text())
-    except ValueError as exc:
-        raise ValueError(f"{spec_path} is not valid JSON: {exc}") from None
-    if not isinstance(spec, dict):
-        raise ValueError(f"{spec_path} holds no JSON object")
-    return spec
+    return read_spec_file(spec_path)
 
 
 def model_for(directory: Path, override: str | None) -> tuple[Model, str | None]:
@@ -68,7 +64,11 @@ def model_for(directory: Path, override: str | None) -> tuple[Model, str | None]
     if spec is None:
         return model_named(STRICTEST), f"no test.json beside the history: judged by the strictest model, {STRICTEST}"
     if spec.get("model"):
-        return model_named(spec["model"], mode), None
+        try:
+            return model_named(spec["model"], mode), None
+        except ValueError as exc:
+            raise SpecFileError(directory / "test.json", f"field model: {exc}; correct it in test.json, or give "
+                                                         f"--model", field="model") from None
     return model_for_settings(spec.get("producer") or {}, mode, spec.get("broker_settings") or {},
                               spec.get("nemesis") or [], spec.get("consumer") or {}), None
 
@@ -146,7 +146,7 @@ def check_paths(paths: list[str | Path], spark_master: str = "local[2]", model: 
             results = unknown(model_name, str(exc))
         except Exception as exc:  # noqa: BLE001 - a checker error is an unknown verdict, not a crash
             log.exception("checking %s failed", history)
-            reason = f"the checker failed: {type(exc).__name__}: {exc}"
+            reason = f"the checker failed: {type(exc).__name__}: {one_line(exc)}"
             if "stopped SparkContext" in str(exc):
                 # Spark's JVM stops itself when its heap runs out, and says so only in its own log.
                 reason = ("the Spark JVM stopped during the analysis, most likely out of memory: give it "

@@ -67,7 +67,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ..models import history_schema as schema
-from ..models.history import COMPLETIONS, TORN, HistoryError, line_error, read_bytes, state_error
+from ..models.history import COMPLETIONS, TORN, HistoryError, line_error, one_line, read_bytes, state_error
 from .session import sized_for
 
 LINE_COLUMNS = ["line", *schema.FIELD_NAMES]
@@ -137,16 +137,7 @@ def _first_problem(raw: bytes | None) -> schema.LineProblem:
 
 def spark_failure(exc: BaseException) -> str:
     """Spark's reason for a failure in one line: the first line of its message, no Java stack."""
-    java = getattr(exc, "java_exception", None)
-    if java is not None:
-        try:
-            text = str(java.toString())
-        except Exception:  # noqa: BLE001 - the JVM may be gone
-            text = str(exc)
-    else:
-        text = str(exc)
-    first = next((line.strip() for line in text.splitlines() if line.strip()), type(exc).__name__)
-    return first if len(first) <= 400 else first[:397] + "..."
+    return one_line(exc)
 
 
 @contextmanager

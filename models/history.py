@@ -47,6 +47,20 @@ class HistoryError(ValueError):
         self.field = field
 
 
+def one_line(exc: BaseException) -> str:
+    """An exception's reason in one line: the first line of its message (for a Java exception from
+    Spark, of the Java message), never a stack."""
+    java = getattr(exc, "java_exception", None)
+    text = str(exc)
+    if java is not None:
+        try:
+            text = str(java.toString())
+        except Exception:  # noqa: BLE001 - the JVM may be gone
+            pass
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(exc).__name__)
+    return first if len(first) <= 400 else first[:397] + "..."
+
+
 def line_error(path: str | Path, line: int, problem: LineProblem) -> HistoryError:
     return HistoryError(path, line, f"{problem.message} (the format: {FORMAT})", problem.field)
 
