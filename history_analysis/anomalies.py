@@ -247,9 +247,11 @@ def _facts(history: History) -> DataFrame:
     log: `rank` (of its offset among the log's distinct offsets, highest first) and `nexts`
     (the next SKIPPED_SHOWN distinct offsets of the log above it); `final` (a record of the
     final chain); per key and offset: `fvalues`, `ffirst` (the values the final chain read
-    there, and its first read (op, value)); per key and value: `was_sent`, `was_read`,
-    `was_read_ok`, `sent_not_failed`, `send_op` (its first sender) and, on a send, `at`
-    (offset, rank, nexts) of the value's position in the version order (null: unknown).
+    there, and its first read (op, value)), `omin`, `omax` (the least and greatest value the log
+    holds there); per key and value: `was_sent`, `was_read`, `was_read_ok`, `sent_not_failed`,
+    `send_op` (its first sender), `vmin`, `vmax` (the lowest and highest offset the log holds it
+    at) and, on a send, `at` (offset, rank, nexts) of the value's position in the version order
+    (null: unknown).
 
     Three sorts inside the key partitions: by offset of the log (descending), by rank, by value.
     """
@@ -279,7 +281,10 @@ def _facts(history: History) -> DataFrame:
         .selectExpr("*", f"array({nexts}) AS nexts",
                     f"max(CASE WHEN final THEN offset END) OVER ({by_rank} {whole}) AS read_max",
                     "collect_set(CASE WHEN final THEN value END) OVER (PARTITION BY key, rank) AS fvalues",
-                    "min(CASE WHEN final THEN struct(op, value) END) OVER (PARTITION BY key, rank) AS ffirst")
+                    "min(CASE WHEN final THEN struct(op, value) END) OVER (PARTITION BY key, rank) AS ffirst",
+                    # Only an offset holding two values can be inconsistent or reused.
+                    "min(CASE WHEN lo IS NOT NULL THEN value END) OVER (PARTITION BY key, rank) AS omin",
+                    "max(CASE WHEN lo IS NOT NULL THEN value END) OVER (PARTITION BY key, rank) AS omax")
         .selectExpr("*", f"start IS NOT NULL AND {_READ_TO} >= coalesce(final_end, {_KNOWN_END}) AS complete")
         .selectExpr(
             "*",
@@ -288,6 +293,8 @@ def _facts(history: History) -> DataFrame:
             f"max(kind = 'r' AND type = 'ok') {by_value} AS was_read_ok",
             f"max(kind = 's' AND type != 'fail') {by_value} AS sent_not_failed",
             f"min(CASE WHEN kind = 's' THEN op END) {by_value} AS send_op",
+            # Only a value at two offsets of the log is a duplicate.
+            f"min(lo) {by_value} AS vmin", f"max(lo) {by_value} AS vmax",
             f"CASE WHEN kind = 's' THEN min(CASE WHEN lo IS NOT NULL THEN struct(lo AS offset, rank, nexts) END) "
             f"{by_value} END AS at")
         .persist(StorageLevel.MEMORY_AND_DISK)
@@ -300,6 +307,21 @@ def _witness(kind: str, df: DataFrame, fields: str, s1: str, s3: str, weight: st
         f"'{kind}' AS type", f"CAST({s1} AS LONG) AS s1", "CAST(key AS STRING) AS s2", f"CAST({s3} AS LONG) AS s3",
         f"CAST({weight} AS LONG) AS weight",
         f"to_json(named_struct({fields}), map('ignoreNullFields', 'false')) AS json",
+    )
+
+
+def _witnesses(df: DataFrame, cases: list[tuple[str, str, str, str, str]]) -> DataFrame:
+    """`_witness` for several types (or shapes) from one table, computed once: cases are (type,
+    condition, fields, s1, s3), their conditions exclusive."""
+    conds = [f"({c[1]})" for c in cases]
+
+    def case(values: list[str]) -> str:
+        return "CASE " + " ".join(f"WHEN {c} THEN {v}" for c, v in zip(conds, values)) + " END"
+
+    return df.filter(" OR ".join(conds)).selectExpr(
+        f"{case([repr(c[0]) for c in cases])} AS type", f"CAST({case([c[3] for c in cases])} AS LONG) AS s1",
+        "CAST(key AS STRING) AS s2", f"CAST({case([c[4] for c in cases])} AS LONG) AS s3", "CAST(1 AS LONG) AS weight",
+        case([f"to_json(named_struct({c[2]}), map('ignoreNullFields', 'false'))" for c in cases]) + " AS json",
     )
 
 
@@ -330,35 +352,39 @@ def _precommitted_read(facts: DataFrame) -> DataFrame:
 def _duplicate_and_inconsistent(facts: DataFrame) -> list[DataFrame]:
     """duplicate, inconsistent-offsets (polls returned two values at one offset) and reused-offset
     (an offset acknowledged for a value that no poll returned there holds another value)."""
-    # One row per fact "offset o of key k held value v", with the first op showing it, the first
-    # poll that returned it and the first acknowledged send of it there.
-    held = (facts.filter(_LOG).groupBy("key", "offset", "value")
-            .agg(F.min("op").alias("op"), F.min(F.when(F.col("kind") == "r", F.col("op"))).alias("read_op"),
-                 F.min(F.when(F.col("kind") == "s", F.col("op"))).alias("send_op")))
-    dup = (held.groupBy("key", "value")
+
+    def held(where: str) -> DataFrame:
+        # One row per fact "offset o of key k held value v", with the first op showing it, the first
+        # poll that returned it and the first acknowledged send of it there; only of values at two
+        # offsets, or of offsets holding two values (few: none in a correct history).
+        return (facts.filter(f"{_LOG} AND {where}").groupBy("key", "offset", "value")
+                .agg(F.min("op").alias("op"), F.min(F.when(F.col("kind") == "r", F.col("op"))).alias("read_op"),
+                     F.min(F.when(F.col("kind") == "s", F.col("op"))).alias("send_op")))
+
+    dup = (held("vmin != vmax").groupBy("key", "value")
            .agg(F.count(F.lit(1)).alias("n"), F.array_sort(F.collect_list(F.struct("offset", "op"))).alias("e"))
            .filter("n >= 2"))
-    inc = (held.filter("read_op IS NOT NULL").groupBy("key", "offset")
-           .agg(F.count(F.lit(1)).alias("n"),
-                F.array_sort(F.collect_list(F.struct("value", F.col("read_op").alias("op")))).alias("e"))
-           .filter("n >= 2"))
     # What else the offset holds, each value named by the first poll that returned it, or else by
-    # its first acknowledgement; the earliest of those other than the acknowledged value itself.
-    reused = (held.selectExpr("*", "array_sort(collect_list(struct(coalesce(read_op, send_op) AS op, value)) "
-                                   "OVER (PARTITION BY key, offset)) AS there")
-              .filter("send_op IS NOT NULL AND read_op IS NULL")
-              .selectExpr("*", "filter(there, x -> x.value != value) AS others")
-              .filter("size(others) > 0")
-              .selectExpr("*", "others[0] AS other"))
+    # its first acknowledgement; the earliest of those other than an acknowledged value itself.
+    at_offset = "OVER (PARTITION BY key, offset)"
+    offsets = (held("omin != omax").selectExpr(
+        "*", f"array_sort(collect_list(struct(coalesce(read_op, send_op) AS op, value)) {at_offset}) AS there",
+        f"array_sort(collect_list(CASE WHEN read_op IS NOT NULL THEN struct(value, read_op AS op) END) {at_offset}) "
+        "AS reads",
+        # The offset's inconsistency is told by a row a poll returned (never one that is reused).
+        f"row_number() {at_offset.replace(')', ' ORDER BY read_op IS NULL, value)')} AS nth")
+        .selectExpr("*", "CASE WHEN send_op IS NOT NULL AND read_op IS NULL "
+                         "THEN try_element_at(filter(there, x -> x.value != value), 1) END AS other"))
     return [
         _witness("duplicate", dup, "'key', key, 'value', value, 'offsets', e.offset, 'ops', e.op",
                  "array_min(e.op)", "value"),
-        _witness("inconsistent-offsets", inc, "'key', key, 'offset', offset, 'values', e.value, 'ops', e.op",
-                 "array_min(e.op)", "offset"),
-        _witness("reused-offset", reused,
-                 "'key', key, 'offset', offset, 'value', value, 'send_op', send_op, 'other_value', other.value, "
-                 "'other_op', other.op, 'ops', array(send_op, other.op)",
-                 "least(send_op, other.op)", "offset"),
+        _witnesses(offsets, [
+            ("inconsistent-offsets", "nth = 1 AND size(reads) >= 2",
+             "'key', key, 'offset', offset, 'values', reads.value, 'ops', reads.op", "array_min(reads.op)", "offset"),
+            ("reused-offset", "other IS NOT NULL",
+             "'key', key, 'offset', offset, 'value', value, 'send_op', send_op, 'other_value', other.value, "
+             "'other_op', other.op, 'ops', array(send_op, other.op)",
+             "least(send_op, other.op)", "offset")]),
     ]
 
 
@@ -409,23 +435,22 @@ def _lost_write(facts: DataFrame) -> list[DataFrame]:
             AS passed""")
         .selectExpr("*", "kind = 's' AND NOT was_read AND passed IS NOT NULL AS passed_over")
         .selectExpr("*", "max(passed_over) OVER (PARTITION BY key, value) AS flagged")
+        # The second rule names each value once: at its first send, in history order.
+        .selectExpr("*", "kind = 's' AND NOT flagged AND complete AND final_end IS NOT NULL "
+                         "AND NOT array_contains(fvalues, value) AS missing")
+        .selectExpr("*", "min(CASE WHEN missing THEN struct(NOT completed AS late, op, pos) END) "
+                         "OVER (PARTITION BY key, value) AS first_missing")
     )
-    # The second rule names each value once: at its first send, in history order.
-    missing = (rows.filter("kind = 's' AND NOT flagged AND complete AND final_end IS NOT NULL "
-                           "AND NOT array_contains(fvalues, value)")
-               .selectExpr("*", "row_number() OVER (PARTITION BY key, value ORDER BY NOT completed, op, pos) AS nth")
-               .filter("nth = 1"))
-    return [
-        _witness("lost-write", rows.filter("passed_over"),
-                 "'key', key, 'value', value, 'offset', offset, 'send_op', op, 'read_op', passed.op, "
-                 "'read_offset', passed.offset, 'ops', array(op, passed.op)",
-                 "least(op, passed.op)", "offset"),
-        _witness("lost-write", missing,
-                 "'key', key, 'value', value, 'offset', offset, 'send_op', op, 'final_value', ffirst.value, "
-                 f"'final_assign', start.op, 'final_end', final_end, 'final_read_to', {_READ_TO}, "
-                 "'ops', array(op, start.op)",
-                 "least(op, start.op)", "offset"),
-    ]
+    return [_witnesses(rows, [
+        ("lost-write", "passed_over",
+         "'key', key, 'value', value, 'offset', offset, 'send_op', op, 'read_op', passed.op, "
+         "'read_offset', passed.offset, 'ops', array(op, passed.op)",
+         "least(op, passed.op)", "offset"),
+        ("lost-write", "missing AND struct(NOT completed AS late, op, pos) = first_missing",
+         "'key', key, 'value', value, 'offset', offset, 'send_op', op, 'final_value', ffirst.value, "
+         f"'final_assign', start.op, 'final_end', final_end, 'final_read_to', {_READ_TO}, "
+         "'ops', array(op, start.op)",
+         "least(op, start.op)", "offset")])]
 
 
 def _unseen(facts: DataFrame) -> DataFrame:
@@ -505,23 +530,21 @@ def _polls(facts: DataFrame, history: History) -> list[DataFrame]:
     head = "'process', CAST(process AS LONG), 'key', key, 'op', op, 'prev_offset', a, 'next_offset', b, "
     values = "'prev_value', va, 'next_value', vb, "
     return [
-        _witness("int-poll-skip", inner.filter(f"kind = 'r' AND {_SKIP}"), head + skipped + "'ops', array(op)",
-                 "op", "a"),
-        _witness("int-nonmonotonic-poll", inner.filter("kind = 'r' AND b <= a"), head + "'ops', array(op)",
-                 "op", "b"),
-        _witness("int-send-skip", inner.filter(f"kind = 's' AND {_SKIP}"),
-                 head + values + skipped + "'ops', array(op)", "op", "a"),
-        _witness("int-nonmonotonic-send", inner.filter("kind = 's' AND b <= a"),
-                 head + values + "'ops', array(op)", "op", "b"),
-        _witness("poll-skip", pairs.filter(_SKIP),
-                 "'process', CAST(process AS LONG), 'key', key, 'prev_offset', a, 'next_offset', b, "
-                 "'skipped', filter(nexts, x -> x IS NOT NULL AND x < b), 'skipped_count', skipped_count, "
-                 "'ops', array(prev_op, op)",
-                 "prev_op", "a"),
-        _witness("nonmonotonic-poll", pairs.filter("b <= a"),
-                 "'process', CAST(process AS LONG), 'key', key, 'prev_offset', a, 'next_offset', b, "
-                 "'ops', array(prev_op, op)",
-                 "prev_op", "b"),
+        _witnesses(inner, [
+            ("int-poll-skip", f"kind = 'r' AND {_SKIP}", head + skipped + "'ops', array(op)", "op", "a"),
+            ("int-nonmonotonic-poll", "kind = 'r' AND b <= a", head + "'ops', array(op)", "op", "b"),
+            ("int-send-skip", f"kind = 's' AND {_SKIP}", head + values + skipped + "'ops', array(op)", "op", "a"),
+            ("int-nonmonotonic-send", "kind = 's' AND b <= a", head + values + "'ops', array(op)", "op", "b")]),
+        _witnesses(pairs, [
+            ("poll-skip", _SKIP,
+             "'process', CAST(process AS LONG), 'key', key, 'prev_offset', a, 'next_offset', b, "
+             "'skipped', filter(nexts, x -> x IS NOT NULL AND x < b), 'skipped_count', skipped_count, "
+             "'ops', array(prev_op, op)",
+             "prev_op", "a"),
+            ("nonmonotonic-poll", "b <= a",
+             "'process', CAST(process AS LONG), 'key', key, 'prev_offset', a, 'next_offset', b, "
+             "'ops', array(prev_op, op)",
+             "prev_op", "b")]),
     ]
 
 
