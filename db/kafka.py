@@ -32,7 +32,6 @@ import logging
 import shutil
 import socket
 import struct
-import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -103,8 +102,6 @@ class KafkaDB(ReferenceBrokerDB):
         self.zookeeper_connect = self.zookeeper.connect if self.zookeeper else None
         self.cluster_id = cluster_id()
         self.home: Path | None = None  # the version's cache folder, once resolved
-        self._admin = None
-        self._admin_lock = threading.Lock()
         self._view = None
 
     # -- configuration
@@ -284,8 +281,6 @@ class KafkaDB(ReferenceBrokerDB):
                 self.zookeeper.teardown(store_dir)
 
     def _teardown_kafka(self, store_dir: Path) -> None:
-        with self._admin_lock:
-            self._admin = None
         for node in self.nodes:
             try:
                 self.remotes[node].resume(DAEMON)
@@ -323,13 +318,13 @@ class KafkaDB(ReferenceBrokerDB):
     # -- the cluster as Kafka's Admin API says
 
     def admin(self):
-        with self._admin_lock:
-            if self._admin is None:
-                from confluent_kafka.admin import AdminClient
+        """A fresh Admin client for each question: librdkafka sends describe_topics and
+        describe_cluster to the broker it last took for the controller, and a long-lived client
+        would keep waiting on a killed one until its next metadata refresh (minutes)."""
+        from confluent_kafka.admin import AdminClient
 
-                self._admin = AdminClient({"bootstrap.servers": self.bootstrap, "socket.timeout.ms": 5000,
-                                           "logger": logging.getLogger("faultline.db.kafka.admin")})
-            return self._admin
+        return AdminClient({"bootstrap.servers": self.bootstrap, "socket.timeout.ms": 5000,
+                            "logger": logging.getLogger("faultline.db.kafka.admin")})
 
     def node_of(self, node_id: int | None) -> str | None:
         return next((n for n, i in self.node_ids.items() if i == node_id), None)
