@@ -648,7 +648,8 @@ def parse_line(raw: bytes) -> Any:
         if exc.msg == "Extra data":
             raise LineProblem(None, f"bad JSON: more than one JSON value on the line (the first ends before column "
                                     f"{exc.colno}); a line holds exactly one JSON object", syntax=True) from None
-        raise LineProblem(None, f"bad JSON: {exc.msg} at column {exc.colno}; correct the JSON or remove the line",
+        raise LineProblem(None, f"bad JSON: {exc.msg.removesuffix(' at')} at column {exc.colno}; correct the JSON "
+                                f"or remove the line",
                           syntax=True) from None
     except ValueError as exc:  # e.g. an integer too long for Python's int()
         raise LineProblem(None, f"bad JSON: {exc}", syntax=True) from None

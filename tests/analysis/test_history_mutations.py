@@ -184,8 +184,10 @@ def mutate(draw, lines: list[dict]) -> Mutated:
         raw[i] = raw[i][:-1] + b', "extra": ' + nested + b"}"
         return Mutated(f"deep {depth}", joined(raw), depth + 1 > MAX_DEPTH, i + 1)
     if what == "spaces":
-        raw[i] = raw[i].replace(b", ", draw(st.sampled_from([b",", b" ,\t", b" , "]))).replace(
-            b": ", draw(st.sampled_from([b":", b" :  ", b"\t:\t"])))
+        # Whitespace between tokens only (a tab inside a string would be a control character).
+        item = draw(st.sampled_from([",", " ,\t", " , ", ",\r "]))
+        key = draw(st.sampled_from([":", " :  ", "\t:\t"]))
+        raw[i] = json.dumps(op, separators=(item, key)).encode()
         return Mutated("spaces", joined(raw), False)
     if what == "unknown-field":
         raw[i] = raw[i][:-1] + b', "harness_extra": {"a": [1, 2.5, null, "x"]}}'

@@ -403,3 +403,38 @@ def test_a_failure_of_spark_itself_is_one_line(spark, tmp_path):
     except Exception as exc:  # noqa: BLE001
         reason = spark_failure(exc)
     assert "\n" not in reason and len(reason) <= 400 and "at org.apache" not in reason
+
+
+def test_offsets_at_the_64_bit_edge_are_checked_alike_by_both_engines(spark, tmp_path):
+    # The largest offset the format allows, acknowledged, polled and read by the final reads, the
+    # largest end offset, times at the edge: Spark's arithmetic must not overflow (one past the
+    # largest offset is the largest long).
+    from faultline.checker.check import check_paths
+
+    top = OFFSET_MAX
+    lines = [
+        {"index": 0, "time": 0, "process": 0, "type": "invoke", "f": "send", "mops": [{"f": "send", "key": K, "value": 1}]},
+        {"index": 1, "time": 1, "process": 0, "type": "ok", "f": "send",
+         "mops": [{"f": "send", "key": K, "value": 1, "offset": top}]},
+        {"index": 2, "time": 2, "process": 1, "type": "invoke", "f": "assign", "keys": [K], "seek_to_beginning": True,
+         "final": True},
+        {"index": 3, "time": 3, "process": 1, "type": "ok", "f": "assign", "keys": [K], "seek_to_beginning": True,
+         "final": True, "end_offsets": {K: INT64_MAX}},
+        {"index": 4, "time": INT64_MAX, "process": 1, "type": "invoke", "f": "poll", "mops": [{"f": "poll"}],
+         "final": True},
+        {"index": 5, "time": INT64_MAX, "process": 1, "type": "ok", "f": "poll", "final": True,
+         "mops": [{"f": "poll", "records": [{"key": K, "offset": top - 1, "value": -2**63},
+                                             {"key": K, "offset": top, "value": 1}]}]},
+        {"index": 6, "time": INT64_MAX, "process": 1, "type": "invoke", "f": "final-reads", "final": True},
+        {"index": 7, "time": INT64_MAX, "process": 1, "type": "ok", "f": "final-reads", "final": True,
+         "final_reads": [{"key": K, "end": INT64_MAX, "read_to": INT64_MAX, "outcome": "reached"}]},
+    ]
+    d = tmp_path / "edge"
+    d.mkdir()
+    (d / "history.jsonl").write_bytes(text(lines))
+    [python] = check_paths([d], engine="python")
+    [spark_checked] = check_paths([d], engine="spark", spark=spark)
+    for r in (python.results, spark_checked.results):
+        assert "could not be read" not in r.get("error", "") and "checker failed" not in r.get("error", ""), r
+    keys = ("valid", "anomaly_types", "counts", "error")
+    assert {k: spark_checked.results.get(k) for k in keys} == {k: python.results.get(k) for k in keys}
