@@ -1,15 +1,18 @@
 """Loading a history into Spark, validated line by line.
 
 In: a SparkSession and the path of one history file (JSON Lines, see
-shared/history-format.md), read with an explicit schema (no inference).
+docs/history-format.md), read with an explicit schema (no inference).
+`validate_histories`: several local files, only validated, in one pass.
 
 Out: a `History` with
 - `ops`: one row per accepted line, in the history's own terms: `line`
   (1-based line number), `index`, `time`, `process` (a string: the integer
   written in decimal, or "nemesis"), `type`, `f`, `mops`, `keys`,
   `seek_to_beginning`, `rebalance_log`, `value` (raw JSON text), `error`, `node`,
-  `end_offsets` (key -> offset where the broker said its log ends, on the
-  final reads' assigns);
+  `warning`, `final`, `end_offsets` (key -> offset where the broker said its
+  log ends, on the final reads' assigns), `unavailable` (key -> why),
+  `final_reads`: every field of the format's table (schema.FIELD_NAMES), a
+  send micro-operation's `error` as a string;
 - `operations`: one row per operation, invocation and completion paired:
   `op` (index of the completion line; of the invocation line when the
   history ends before the completion), `invoke` (index of the invocation
@@ -20,6 +23,7 @@ Out: a `History` with
   `end_offsets` (the completion's; null for an operation never completed),
   `final_reads` (the completion's, on a `final-reads` operation: an array of
   struct key, end (null when unknown), read_to, outcome; null otherwise),
+  `final` (the completion's, else the invocation's),
   `assignment` (which assignment of its process the operation ran in: how
   many assign/subscribe operations the process had invoked up to and
   including this one, 0 before the first; a consumer's position is only
