@@ -332,8 +332,8 @@ class KafkaDB(ReferenceBrokerDB):
     def _partition(self, topic: str, partition: int):
         from confluent_kafka import TopicCollection
 
-        futures = self.admin().describe_topics(TopicCollection([topic]), request_timeout=8)
-        description = futures[topic].result(10)
+        admin = self.admin()  # held until the answer came: a client dropped earlier is destroyed
+        description = admin.describe_topics(TopicCollection([topic]), request_timeout=8)[topic].result(10)
         return next((p for p in description.partitions if p.id == partition), None)
 
     def leader(self, topic: str, partition: int) -> str | None:
@@ -351,7 +351,8 @@ class KafkaDB(ReferenceBrokerDB):
     def controller(self) -> str | None:
         if not self.kraft:
             try:
-                cluster = self.admin().describe_cluster(request_timeout=8).result(10)
+                admin = self.admin()  # held until the answer came
+                cluster = admin.describe_cluster(request_timeout=8).result(10)
             except Exception as exc:  # noqa: BLE001
                 log.info("describe_cluster failed: %s", exc)
                 return None
