@@ -349,7 +349,7 @@ def poll_skip_reset_by_assign(s):
     _four_values(s, k)
     s.assign(c, [k])
     s.poll(c, [(k, 0, 1)])
-    s.assign(c, [s.key("other")])
+    s.assign(c, [s.key("9")])
     s.assign(c, [k])
     s.poll(c, [(k, 3, 4)])
 
@@ -362,11 +362,11 @@ def poll_skip_across_an_assign_that_kept_the_key(s):
     _four_values(s, k)
     s.assign(c, [k])
     first = s.poll(c, [(k, 0, 1)])
-    s.assign(c, [k, s.key("other")])
+    s.assign(c, [k, s.key("9")])
     second = s.poll(c, [(k, 2, 3)])
     s.assign(d, [k])
     third = s.poll(d, [(k, 0, 1)])
-    s.assign(d, [s.key("other")], type_="fail")
+    s.assign(d, [s.key("9")], type_="fail")
     fourth = s.poll(d, [(k, 0, 1)])
     return {"first": first, "second": second, "third": third, "fourth": fourth, "c": c, "d": d}
 
