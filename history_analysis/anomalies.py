@@ -133,6 +133,7 @@ from __future__ import annotations
 import json
 import os
 from functools import reduce
+from itertools import repeat
 from pathlib import Path
 
 from pyspark import StorageLevel
@@ -250,8 +251,11 @@ def _facts(history: History) -> DataFrame:
     there, and its first read (op, value)), `omin`, `omax` (the least and greatest value the log
     holds there); per key and value: `was_sent`, `was_read`, `was_read_ok`, `sent_not_failed`,
     `send_op` (its first sender), `vmin`, `vmax` (the lowest and highest offset the log holds it
-    at) and, on a send, `at` (offset, rank, nexts) of the value's position in the version order
-    (null: unknown).
+    at), on a send `at` (offset, rank, nexts) of the value's position in the version order
+    (null: unknown), on a record `senders` (the operations that sent its value); for lost-write,
+    `passed` (on an acknowledged send: (op, offset) of the earliest ok poll that returned a higher
+    offset), `passed_any` and `first_missing` (per value: a poll passed an acknowledged send of it;
+    (late, op, pos) of its first acknowledged send the complete final log lacks).
 
     Three sorts inside the key partitions: by offset of the log (descending), by rank, by value.
     """
@@ -279,6 +283,9 @@ def _facts(history: History) -> DataFrame:
         .drop("end_at")
         # The final chain's records are in the log: per offset, they share a rank.
         .selectExpr("*", f"array({nexts}) AS nexts",
+                    # lost-write: the earliest ok poll that returned a higher offset than an acknowledged send's.
+                    f"CASE WHEN acked THEN min(CASE WHEN kind = 'r' AND type = 'ok' THEN struct(op, offset) END) "
+                    f"OVER ({by_rank} RANGE BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) END AS passed",
                     f"max(CASE WHEN final THEN offset END) OVER ({by_rank} {whole}) AS read_max",
                     "collect_set(CASE WHEN final THEN value END) OVER (PARTITION BY key, rank) AS fvalues",
                     "min(CASE WHEN final THEN struct(op, value) END) OVER (PARTITION BY key, rank) AS ffirst",
@@ -296,7 +303,14 @@ def _facts(history: History) -> DataFrame:
             # Only a value at two offsets of the log is a duplicate.
             f"min(lo) {by_value} AS vmin", f"max(lo) {by_value} AS vmax",
             f"CASE WHEN kind = 's' THEN min(CASE WHEN lo IS NOT NULL THEN struct(lo AS offset, rank, nexts) END) "
-            f"{by_value} END AS at")
+            f"{by_value} END AS at",
+            # Write-read dependencies: on a record, the operations that sent its value.
+            f"CASE WHEN kind = 'r' THEN collect_set(CASE WHEN kind = 's' THEN op END) {by_value} END AS senders",
+            # lost-write: an acknowledged send of the value that a poll passed; the first acknowledged
+            # send (in history order) that the complete final log lacks.
+            f"max(acked AND passed IS NOT NULL) {by_value} AS passed_any",
+            f"min(CASE WHEN acked AND complete AND final_end IS NOT NULL AND NOT array_contains(fvalues, value) "
+            f"THEN struct(NOT completed AS late, op, pos) END) {by_value} AS first_missing")
         .persist(StorageLevel.MEMORY_AND_DISK)
     )
 
@@ -405,52 +419,39 @@ def _final_summaries(facts: DataFrame) -> DataFrame:
     """One internal row per key with a final chain, any evidence in its log, or a final-reads
     record: what the final reads showed (`Analysis.final_reads`), and whether an ok poll read the
     key (for the note on keys uncommitted-read cannot judge)."""
-    rows = (facts.groupBy("key")
-            .agg(F.max("start").alias("start"), F.max("final_end").alias("final_end"),
-                 F.max("read_max").alias("read_max"), F.max("known").alias("known"),
-                 F.max("complete").alias("complete"),
-                 F.max(F.expr("kind = 'r' AND type = 'ok'")).alias("ok_read"),
-                 # The latest completed final-reads operation naming the key; in one record, the last entry.
-                 F.max(F.expr("CASE WHEN kind = 'f' THEN struct(op, pos, value) END")).alias("record"))
-            .filter("start IS NOT NULL OR known IS NOT NULL OR record IS NOT NULL"))
+    # Numbers and booleans only (a hash aggregate); the values are the key's, on every row.
+    per_key = (facts.groupBy("key")
+               .agg(F.max("start.op").alias("assign"), F.max("final_end").alias("final_end"),
+                    F.max("read_max").alias("read_max"), F.max("known").alias("known"),
+                    F.max("complete").alias("complete"), F.max(F.expr("kind = 'r' AND type = 'ok'")).alias("ok_read")))
+    # The latest completed final-reads operation naming the key; in one record, the last entry.
+    records = facts.filter("kind = 'f'").groupBy("key").agg(F.max(F.expr("struct(op, pos, value)")).alias("record"))
+    rows = (per_key.join(records, "key", "left")
+            .filter("assign IS NOT NULL OR known IS NOT NULL OR record IS NOT NULL"))
     return rows.selectExpr(
         f"'{_FINAL}' AS type", "CAST(0 AS LONG) AS s1", "key AS s2", "CAST(0 AS LONG) AS s3",
         "CAST(1 AS LONG) AS weight",
-        f"to_json(named_struct('key', key, 'assign', start.op, 'end', final_end, 'read_to', {_READ_TO}, "
+        f"to_json(named_struct('key', key, 'assign', assign, 'end', final_end, 'read_to', {_READ_TO}, "
         f"'known_end', {_KNOWN_END}, 'complete', complete, "
         f"'outcome', element_at({_OUTCOME_ARRAY}, CAST(record.value AS INT)), 'ok_read', ok_read), "
         "map('ignoreNullFields', 'false')) AS json")
 
 
-def _lost_write(facts: DataFrame) -> list[DataFrame]:
+def _lost_write(facts: DataFrame) -> DataFrame:
     """lost-write: an acknowledged write some ok poll passed without returning it (first rule), or
-    one the complete final log, whose end is known, does not hold at its offset (second rule)."""
-    rows = (
-        facts.filter("(kind = 'r' AND type = 'ok') OR acked")
-        # Descending by offset, a send before the reads at its own offset
-        # (they do not pass it): the running minimum over the reads seen so
-        # far is the earliest ok poll that returned a higher offset.
-        .selectExpr("*", """min(CASE WHEN kind = 'r' THEN struct(op, offset) END) OVER (
-            PARTITION BY key ORDER BY offset DESC, kind DESC ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
-            AS passed""")
-        .selectExpr("*", "kind = 's' AND NOT was_read AND passed IS NOT NULL AS passed_over")
-        .selectExpr("*", "max(passed_over) OVER (PARTITION BY key, value) AS flagged")
-        # The second rule names each value once: at its first send, in history order.
-        .selectExpr("*", "kind = 's' AND NOT flagged AND complete AND final_end IS NOT NULL "
-                         "AND NOT array_contains(fvalues, value) AS missing")
-        .selectExpr("*", "min(CASE WHEN missing THEN struct(NOT completed AS late, op, pos) END) "
-                         "OVER (PARTITION BY key, value) AS first_missing")
-    )
-    return [_witnesses(rows, [
-        ("lost-write", "passed_over",
+    one the complete final log, whose end is known, does not hold at its offset (second rule: once
+    per value, at its first acknowledged send in history order, unless the first rule names it)."""
+    passed_over = "NOT was_read AND passed IS NOT NULL"
+    return _witnesses(facts.filter("acked"), [
+        ("lost-write", passed_over,
          "'key', key, 'value', value, 'offset', offset, 'send_op', op, 'read_op', passed.op, "
          "'read_offset', passed.offset, 'ops', array(op, passed.op)",
          "least(op, passed.op)", "offset"),
-        ("lost-write", "missing AND struct(NOT completed AS late, op, pos) = first_missing",
+        ("lost-write", "NOT (NOT was_read AND passed_any) AND struct(NOT completed AS late, op, pos) = first_missing",
          "'key', key, 'value', value, 'offset', offset, 'send_op', op, 'final_value', ffirst.value, "
          f"'final_assign', start.op, 'final_end', final_end, 'final_read_to', {_READ_TO}, "
          "'ops', array(op, start.op)",
-         "least(op, start.op)", "offset")])]
+         "least(op, start.op)", "offset")])
 
 
 def _unseen(facts: DataFrame) -> DataFrame:
@@ -463,23 +464,6 @@ def _unseen(facts: DataFrame) -> DataFrame:
                      f"CASE WHEN rn <= {UNSEEN_VALUES} THEN struct(op, pos, value, offset) END"))).alias("e")))
     return _witness("unseen", rows, "'key', key, 'count', n, 'values', e.value, 'offsets', e.offset, 'ops', e.op",
                     "e[0].op", "0", weight="n")
-
-
-def _nonmonotonic_send(facts: DataFrame) -> DataFrame:
-    """Per process and key, its ok and info operations sending to the key, in order: the earlier
-    one's last value and the later one's first, by their positions in the version order (an
-    operation whose value has none is still the previous one)."""
-    rows = (facts.filter("kind = 's' AND type IN ('ok', 'info')")
-            .groupBy("process", "key", "op")
-            .agg(F.min_by("at.offset", "pos").alias("first"), F.max_by("at.offset", "pos").alias("last"),
-                 F.min_by("value", "pos").alias("first_value"), F.max_by("value", "pos").alias("last_value"))
-            .selectExpr("*", "lag(struct(op, last, last_value)) OVER (PARTITION BY process, key ORDER BY op) AS prev")
-            .filter("prev.last IS NOT NULL AND first IS NOT NULL AND first <= prev.last"))
-    return _witness(
-        "nonmonotonic-send", rows,
-        "'process', CAST(process AS LONG), 'key', key, 'prev_offset', prev.last, 'next_offset', first, "
-        "'prev_value', prev.last_value, 'next_value', first_value, 'ops', array(prev.op, op)",
-        "prev.op", "first")
 
 
 def _chain_epochs(history: History) -> DataFrame:
@@ -497,70 +481,69 @@ def _chain_epochs(history: History) -> DataFrame:
 _SKIP = "b > a AND b - 1 > a AND skipped_count > 0"
 
 
-def _polls(facts: DataFrame, history: History) -> list[DataFrame]:
-    """poll-skip and nonmonotonic-poll, from consecutive polls of a process and key in one chain
-    epoch; and the int-* types, inside one operation."""
-    # Polls of any outcome: whatever records a poll returned moved the consumer past them. A
-    # chain's epoch: the ok assigns/subscribes of the process before the poll that dropped the
-    # key or rewound it.
-    chain = "OVER (PARTITION BY process, epoch, key ORDER BY op)"
-    pairs = (facts.filter("kind = 'r'")
-             .groupBy("process", "key", "op")
-             .agg(F.min_by("offset", "pos").alias("b"), F.min_by("rank", "pos").alias("rank_b"),
-                  F.max_by(F.expr("struct(offset, rank, nexts)"), "pos").alias("last"))
-             .join(F.broadcast(_chain_epochs(history)), "process", "left")
-             .selectExpr("*", "size(filter(coalesce(assigns, array()), x -> x.op < op "
-                              "AND (NOT array_contains(x.keys, key) OR x.rewinds))) AS epoch")
-             .selectExpr("*", f"lag(last) {chain} AS prev", f"lag(op) {chain} AS prev_op")
-             .filter("prev IS NOT NULL")
-             .selectExpr("process", "key", "op", "prev_op", "prev.offset AS a", "b",
-                         "prev.rank - rank_b - 1 AS skipped_count", "prev.nexts AS nexts"))
-    # Within one operation: consecutive records of a key in the order returned (unless a
-    # rebalance during the operation named the key), or consecutive sends by the positions of
-    # their values (a send without one breaks the pair).
-    within = "OVER (PARTITION BY op, key, kind ORDER BY pos)"
-    inner = (facts.filter("(kind = 'r' AND NOT moved) OR kind = 's'")
-             .selectExpr("*", "CASE WHEN kind = 'r' THEN struct(offset, rank, nexts) ELSE at END AS here")
-             .selectExpr("*", f"lag(struct(here, value)) {within} AS prev")
-             .filter("prev.here IS NOT NULL AND here IS NOT NULL")
-             .selectExpr("kind", "process", "key", "op", "prev.here.offset AS a", "here.offset AS b",
-                         "prev.value AS va", "value AS vb", "prev.here.rank - here.rank - 1 AS skipped_count",
-                         "prev.here.nexts AS nexts"))
+def _orders(facts: DataFrame, history: History) -> DataFrame:
+    """Every order question, from one sort of each process's records and sends of a key, by
+    operation and then as returned or sent: between consecutive records of one operation
+    (int-poll-skip, int-nonmonotonic-poll; unless a rebalance during the operation named the key),
+    of consecutive polls in one chain epoch (poll-skip, nonmonotonic-poll: the last record of the
+    earlier, the first of the later), between consecutive sends of one operation by the positions
+    of their values (int-send-skip, int-nonmonotonic-send; a send without one breaks the pair),
+    and of the process's ok and info operations sending to the key (nonmonotonic-send: the
+    earlier one's last value against the later one's first)."""
+    # A chain's epoch: the ok assigns/subscribes of the process before the poll that dropped the
+    # key or rewound it. Polls of any outcome: whatever records a poll returned moved the consumer.
+    order = "PARTITION BY process, key, kind ORDER BY op, pos"
+    rows = (facts.filter("kind IN ('r', 's')")
+            .join(F.broadcast(_chain_epochs(history)), "process", "left")
+            .selectExpr("*", "CASE WHEN kind = 'r' THEN size(filter(coalesce(assigns, array()), x -> x.op < op "
+                             "AND (NOT array_contains(x.keys, key) OR x.rewinds))) END AS epoch",
+                        "CASE WHEN kind = 'r' THEN struct(offset, rank, nexts) ELSE at END AS here")
+            .selectExpr("*", f"lag(struct(op, epoch, here, value)) OVER ({order}) AS prev",
+                        "last(CASE WHEN type IN ('ok', 'info') THEN struct(op, here.offset AS at, value) END, true) "
+                        f"OVER ({order} ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS sent")
+            .selectExpr("kind", "process", "key", "op", "type", "moved", "epoch", "prev.op AS prev_op",
+                        "prev.epoch AS prev_epoch", "coalesce(prev.op = op, false) AS inside", "sent",
+                        "prev.here.offset AS a", "here.offset AS b", "prev.value AS va", "value AS vb",
+                        "prev.here.rank - here.rank - 1 AS skipped_count", "prev.here.nexts AS nexts"))
     skipped = "'skipped', filter(nexts, x -> x IS NOT NULL AND x < b), 'skipped_count', skipped_count, "
     head = "'process', CAST(process AS LONG), 'key', key, 'op', op, 'prev_offset', a, 'next_offset', b, "
     values = "'prev_value', va, 'next_value', vb, "
-    return [
-        _witnesses(inner, [
-            ("int-poll-skip", f"kind = 'r' AND {_SKIP}", head + skipped + "'ops', array(op)", "op", "a"),
-            ("int-nonmonotonic-poll", "kind = 'r' AND b <= a", head + "'ops', array(op)", "op", "b"),
-            ("int-send-skip", f"kind = 's' AND {_SKIP}", head + values + skipped + "'ops', array(op)", "op", "a"),
-            ("int-nonmonotonic-send", "kind = 's' AND b <= a", head + values + "'ops', array(op)", "op", "b")]),
-        _witnesses(pairs, [
-            ("poll-skip", _SKIP,
-             "'process', CAST(process AS LONG), 'key', key, 'prev_offset', a, 'next_offset', b, "
-             "'skipped', filter(nexts, x -> x IS NOT NULL AND x < b), 'skipped_count', skipped_count, "
-             "'ops', array(prev_op, op)",
-             "prev_op", "a"),
-            ("nonmonotonic-poll", "b <= a",
-             "'process', CAST(process AS LONG), 'key', key, 'prev_offset', a, 'next_offset', b, "
-             "'ops', array(prev_op, op)",
-             "prev_op", "b")]),
-    ]
+    across = "'process', CAST(process AS LONG), 'key', key, 'prev_offset', a, 'next_offset', b, "
+    return _witnesses(rows, [
+        ("int-poll-skip", f"kind = 'r' AND inside AND NOT moved AND {_SKIP}", head + skipped + "'ops', array(op)",
+         "op", "a"),
+        ("int-nonmonotonic-poll", "kind = 'r' AND inside AND NOT moved AND b <= a", head + "'ops', array(op)",
+         "op", "b"),
+        ("int-send-skip", f"kind = 's' AND inside AND {_SKIP}", head + values + skipped + "'ops', array(op)",
+         "op", "a"),
+        ("int-nonmonotonic-send", "kind = 's' AND inside AND b <= a", head + values + "'ops', array(op)",
+         "op", "b"),
+        ("poll-skip", f"kind = 'r' AND NOT inside AND prev_epoch = epoch AND {_SKIP}",
+         across + skipped + "'ops', array(prev_op, op)", "prev_op", "a"),
+        ("nonmonotonic-poll", "kind = 'r' AND NOT inside AND prev_epoch = epoch AND b <= a",
+         across + "'ops', array(prev_op, op)", "prev_op", "b"),
+        ("nonmonotonic-send", "kind = 's' AND NOT inside AND type IN ('ok', 'info') AND b <= sent.at",
+         "'process', CAST(process AS LONG), 'key', key, 'prev_offset', sent.at, 'next_offset', b, "
+         "'prev_value', sent.value, 'next_value', vb, 'ops', array(sent.op, op)",
+         "sent.op", "b"),
+    ])
 
 
 def _uncommitted_read(facts: DataFrame) -> DataFrame:
     """uncommitted-read: an ok poll's (offset, value) that the final log does not hold."""
     # The final chain takes a poll's records whatever its outcome (a poll that
     # reported an error may still have returned records, and the consumer's
-    # position moved past them); only `ok` polls are judged against it.
+    # position moved past them); only `ok` polls are judged against it. Every
+    # condition is the record's own (its key's, offset's and value's): the few
+    # records that meet them are grouped.
     rows = (facts.filter("kind = 'r' AND type = 'ok' AND start IS NOT NULL")
-            .groupBy("key", "offset", "value")
-            .agg(F.min("op").alias("op"), *[F.first(c).alias(c) for c in (
-                "fvalues", "ffirst", "start", "final_end", "read_max", "complete")])
             .selectExpr("*", f"{_READ_TO} AS read_to")
             .filter("read_to > 0 AND ((size(fvalues) > 0 AND NOT array_contains(fvalues, value)) "
                     "OR (size(fvalues) = 0 AND (read_to > offset "
-                    "OR (final_end IS NOT NULL AND complete AND offset >= final_end))))"))
+                    "OR (final_end IS NOT NULL AND complete AND offset >= final_end))))")
+            .groupBy("key", "offset", "value")
+            .agg(F.min("op").alias("op"), *[F.first(c).alias(c) for c in (
+                "ffirst", "start", "final_end", "read_to")]))
     return _witness(
         "uncommitted-read", rows,
         "'key', key, 'offset', offset, 'value', value, 'final_value', ffirst.value, 'final_op', ffirst.op, "
@@ -589,32 +572,39 @@ def _operation_stats(history: History) -> list[DataFrame]:
     ]
 
 
+# Rows of results collected into Python travel packed into arrays, this many per key and kind (or
+# in all, for the hubs): a row per dependency would cost the driver far more than the query.
+_CHUNKS = 16
+
+
 def _dependencies(facts: DataFrame) -> tuple[DataFrame, DataFrame]:
     """The write-write and write-read dependencies between operations (result.DEPENDENCIES), and
-    the operations that can lie on a cycle (the hubs).
+    the operations that can lie on a cycle (the hubs), packed for collecting.
 
-    Edges: columns src, dst (operations), kind ('ww' or 'wr') and key; hubs: columns op, invoke,
-    process, type. Both kinds are found inside the key partitions; only the hubs, an
-    operation's question across keys, are shuffled (by operation)."""
+    Edges: rows of key, kind ('ww' or 'wr'), and arrays src, dst (operations; sorted by src, then
+    dst); hubs: rows of arrays op, invoke, process, type (sorted by op). The edges are found and
+    packed inside the key partitions; only the hubs, an operation's question across keys, are
+    shuffled (by operation)."""
+
+    def packed(edges: DataFrame, kind: str) -> DataFrame:
+        # collect_set: an edge found twice (an operation read two values of one writer) is one.
+        return (edges.groupBy("key", F.expr(f"pmod(hash(src, dst), {_CHUNKS})").alias("chunk"))
+                .agg(F.array_sort(F.collect_set(F.struct("src", "dst"))).alias("e"))
+                .selectExpr("key", f"'{kind}' AS kind", "e.src AS src", "e.dst AS dst"))
+
     # A writer of key k: an operation of any outcome sending a value whose position is known; its
     # position in k is the lowest of its values'; each to the next (by position, then operation).
     writers = (facts.filter("kind = 's' AND at IS NOT NULL").groupBy("key", "op")
                .agg(F.min("at.offset").alias("at")))
-    ww = (writers.selectExpr("op AS src", "lead(op) OVER (PARTITION BY key ORDER BY at, op) AS dst",
-                             "'ww' AS kind", "key")
+    ww = (writers.selectExpr("key", "op AS src", "lead(op) OVER (PARTITION BY key ORDER BY at, op) AS dst")
           .filter("dst IS NOT NULL"))
     # From every sender of (k, v) to every other operation whose poll (any outcome) returned it.
-    wr = (facts.filter("kind IN ('r', 's')").groupBy("key", "value")
-          .agg(F.collect_set(F.expr("CASE WHEN kind = 's' THEN op END")).alias("senders"),
-               F.collect_set(F.expr("CASE WHEN kind = 'r' THEN op END")).alias("readers"))
-          .filter("size(senders) > 0 AND size(readers) > 0")
-          .selectExpr("key", "explode(senders) AS src", "readers")
-          .selectExpr("src", "explode(readers) AS dst", "'wr' AS kind", "key")
-          .filter("src != dst")
-          .distinct())
+    wr = facts.filter("kind = 'r'").selectExpr("key", "explode(senders) AS src", "op AS dst").filter("src != dst")
     hubs = (facts.filter("kind = 'r' OR (kind = 's' AND at IS NOT NULL)")
-            .select("op", "invoke", "process", "type").distinct())
-    return ww.unionByName(wr), hubs
+            .groupBy(F.expr(f"pmod(op, {_CHUNKS})").alias("chunk"))
+            .agg(F.array_sort(F.collect_set(F.struct("op", "invoke", "process", "type"))).alias("h"))
+            .selectExpr("h.op AS op", "h.invoke AS invoke", "h.process AS process", "h.type AS type"))
+    return packed(ww, "ww").unionByName(packed(wr, "wr")), hubs
 
 
 def analyse(spark: SparkSession, path: str | os.PathLike, limit: int = 32, full_dir: str | os.PathLike | None = None
@@ -629,8 +619,8 @@ def _analyse(spark: SparkSession, path: str, limit: int, full_dir: str | os.Path
     witnesses = facts = None
     try:
         facts = _facts(history)
-        parts = [*_lost_write(facts), _unseen(facts), *_duplicate_and_inconsistent(facts), _unexpected(facts),
-                 *_polls(facts, history), _nonmonotonic_send(facts), _uncommitted_read(facts),
+        parts = [_lost_write(facts), _unseen(facts), *_duplicate_and_inconsistent(facts), _unexpected(facts),
+                 _orders(facts, history), _uncommitted_read(facts),
                  _aborted_read(facts), _precommitted_read(facts), _final_summaries(facts),
                  *_operation_stats(history)]
         witnesses = reduce(DataFrame.union, parts).persist(StorageLevel.MEMORY_AND_DISK)
@@ -671,8 +661,12 @@ def _analyse(spark: SparkSession, path: str, limit: int, full_dir: str | os.Path
         if full_dir is not None:
             _write_full(witnesses, Path(full_dir), row_counts, texts, limit)
         edges, hubs = _dependencies(facts)
-        dependencies = sorted((r["src"], r["dst"], r["kind"], r["key"]) for r in edges.toLocalIterator())
-        hub_rows = sorted((r["op"], r["invoke"], str(r["process"]), r["type"]) for r in hubs.toLocalIterator())
+        # Each packed row is sorted: the sorts below merge runs.
+        dependencies = [e for r in edges.collect()
+                        for e in zip(r["src"], r["dst"], repeat(r["kind"]), repeat(r["key"]))]
+        dependencies.sort()
+        hub_rows = [h for r in hubs.collect() for h in zip(r["op"], r["invoke"], map(str, r["process"]), r["type"])]
+        hub_rows.sort()
         return Analysis(
             counts={t: counts[t] for t in TYPES if t in counts},
             examples={t: [json.loads(j) for j in texts[t][:limit]] for t in TYPES if t in texts and limit > 0},
