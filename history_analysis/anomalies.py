@@ -584,12 +584,13 @@ def _dependencies(facts: DataFrame) -> tuple[DataFrame, DataFrame]:
     Edges: rows of key, kind ('ww' or 'wr'), and arrays src, dst (operations; sorted by src, then
     dst); hubs: rows of arrays op, invoke, process, type (sorted by op). The edges are found and
     packed inside the key partitions; only the hubs, an operation's question across keys, are
-    shuffled (by operation)."""
+    shuffled (by operation, then to their chunks)."""
 
+    # Packed with collect_list of distinct rows: collect_set does not always tell equal structs
+    # apart from their representations (it kept an edge twice in a test).
     def packed(edges: DataFrame, kind: str) -> DataFrame:
-        # collect_set: an edge found twice (an operation read two values of one writer) is one.
         return (edges.groupBy("key", F.expr(f"pmod(hash(src, dst), {_CHUNKS})").alias("chunk"))
-                .agg(F.array_sort(F.collect_set(F.struct("src", "dst"))).alias("e"))
+                .agg(F.array_sort(F.collect_list(F.struct("src", "dst"))).alias("e"))
                 .selectExpr("key", f"'{kind}' AS kind", "e.src AS src", "e.dst AS dst"))
 
     # A writer of key k: an operation of any outcome sending a value whose position is known; its
@@ -599,10 +600,13 @@ def _dependencies(facts: DataFrame) -> tuple[DataFrame, DataFrame]:
     ww = (writers.selectExpr("key", "op AS src", "lead(op) OVER (PARTITION BY key ORDER BY at, op) AS dst")
           .filter("dst IS NOT NULL"))
     # From every sender of (k, v) to every other operation whose poll (any outcome) returned it.
-    wr = facts.filter("kind = 'r'").selectExpr("key", "explode(senders) AS src", "op AS dst").filter("src != dst")
+    # An edge found twice (an operation read two values of one writer) is one.
+    wr = (facts.filter("kind = 'r'").selectExpr("key", "explode(senders) AS src", "op AS dst").filter("src != dst")
+          .distinct())
     hubs = (facts.filter("kind = 'r' OR (kind = 's' AND at IS NOT NULL)")
+            .select("op", "invoke", "process", "type").distinct()
             .groupBy(F.expr(f"pmod(op, {_CHUNKS})").alias("chunk"))
-            .agg(F.array_sort(F.collect_set(F.struct("op", "invoke", "process", "type"))).alias("h"))
+            .agg(F.array_sort(F.collect_list(F.struct("op", "invoke", "process", "type"))).alias("h"))
             .selectExpr("h.op AS op", "h.invoke AS invoke", "h.process AS process", "h.type AS type"))
     return packed(ww, "ww").unionByName(packed(wr, "wr")), hubs
 
