@@ -156,6 +156,9 @@ _INTERNAL = (_FINAL, _BY_F, _HEAL)
 # A final-reads record's outcome travels in an event's `value` as its 1-based place here.
 _OUTCOMES = ("reached", "unavailable", "timeout")
 _OUTCOME_ARRAY = "array(" + ", ".join(f"'{o}'" for o in _OUTCOMES) + ")"
+# Its name again; a CASE, as element_at(array, NULL) gives the last element in generated code (Spark 4.3).
+_OUTCOME = ("CASE CAST(record.value AS INT) "
+            + " ".join(f"WHEN {i} THEN '{o}'" for i, o in enumerate(_OUTCOMES, 1)) + " END")
 
 
 def _events(history: History) -> DataFrame:
@@ -433,7 +436,7 @@ def _final_summaries(facts: DataFrame) -> DataFrame:
         "CAST(1 AS LONG) AS weight",
         f"to_json(named_struct('key', key, 'assign', assign, 'end', final_end, 'read_to', {_READ_TO}, "
         f"'known_end', {_KNOWN_END}, 'complete', complete, "
-        f"'outcome', element_at({_OUTCOME_ARRAY}, CAST(record.value AS INT)), 'ok_read', ok_read), "
+        f"'outcome', {_OUTCOME}, 'ok_read', ok_read), "
         "map('ignoreNullFields', 'false')) AS json")
 
 
