@@ -5,9 +5,10 @@ operation), then times, in lines/s:
 - json.loads of every line alone (the floor of any Python reader);
 - the Python validator over every line (models/history_schema: parse_line + check_line);
 - read_history (the Python engine's reader: the validator plus the checks across lines);
+(the Python figures in CPU seconds of this process, so that other load on the machine counts less);
 - with --spark, load_history (the Spark engine's loader: the generated schema and SQL checks,
   the checks across lines, the operations table), in a fresh session, twice (the first run
-  includes the JVM's warm-up).
+  includes the JVM's warm-up), in wall-clock seconds.
 
     .venv/bin/python benchmarks/validate_speed.py --ops 1000000 --spark
 """
@@ -49,18 +50,18 @@ def main() -> None:
     print(f"{path}: {n:,} lines, {len(raw) / 1e6:,.0f} MB; load average {os.getloadavg()[0]:.1f} "
           f"on {os.cpu_count()} cores")
 
-    t = time.perf_counter()
+    t = time.process_time()
     for line in lines:
         json.loads(line)
-    print(f"json.loads alone          {rate(n, time.perf_counter() - t)}")
-    t = time.perf_counter()
+    print(f"json.loads alone          {rate(n, time.process_time() - t)}")
+    t = time.process_time()
     for line in lines:
         check_line(parse_line(line))
-    print(f"validator (Python)        {rate(n, time.perf_counter() - t)}")
+    print(f"validator (Python)        {rate(n, time.process_time() - t)}")
     del lines, raw
-    t = time.perf_counter()
+    t = time.process_time()
     read = read_history(path)
-    print(f"read_history              {rate(read.lines, time.perf_counter() - t)}")
+    print(f"read_history              {rate(read.lines, time.process_time() - t)}")
     del read
 
     if args.spark:
@@ -72,7 +73,7 @@ def main() -> None:
             t = time.perf_counter()
             history = load_history(spark, str(path))
             history.operations.count()
-            print(f"load_history (Spark) #{attempt}   {rate(history.lines, time.perf_counter() - t)}")
+            print(f"load_history (Spark) #{attempt}   {rate(history.lines, time.perf_counter() - t)} wall")
             history.unpersist()
 
 

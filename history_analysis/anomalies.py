@@ -254,8 +254,8 @@ def _facts(history: History) -> DataFrame:
     there, and its first read (op, value)), `omin`, `omax` (the least and greatest value the log
     holds there); per key and value: `was_sent`, `was_read`, `was_read_ok`, `sent_not_failed`,
     `send_op` (its first sender), `vmin`, `vmax` (the lowest and highest offset the log holds it
-    at), on a send `at` (offset, rank, nexts) of the value's position in the version order
-    (null: unknown), on a record `senders` (the operations that sent its value); for lost-write,
+    at), on a send `at` (offset, rank, nexts, shared: whether the log holds another value at
+    that offset too) of the value's position in the version order (null: unknown), on a record `senders` (the operations that sent its value); for lost-write,
     `passed` (on an acknowledged send: (op, offset) of the earliest ok poll that returned a higher
     offset), `passed_any` and `first_missing` (per value: a poll passed an acknowledged send of it;
     (late, op, pos) of its first acknowledged send the complete final log lacks).
@@ -305,7 +305,8 @@ def _facts(history: History) -> DataFrame:
             f"min(CASE WHEN kind = 's' THEN op END) {by_value} AS send_op",
             # Only a value at two offsets of the log is a duplicate.
             f"min(lo) {by_value} AS vmin", f"max(lo) {by_value} AS vmax",
-            f"CASE WHEN kind = 's' THEN min(CASE WHEN lo IS NOT NULL THEN struct(lo AS offset, rank, nexts) END) "
+            f"CASE WHEN kind = 's' THEN min(CASE WHEN lo IS NOT NULL THEN struct(lo AS offset, rank, nexts, "
+            f"omin != omax AS shared) END) "
             f"{by_value} END AS at",
             # Write-read dependencies: on a record, the operations that sent its value.
             f"CASE WHEN kind = 'r' THEN collect_set(CASE WHEN kind = 's' THEN op END) {by_value} END AS senders",
@@ -500,7 +501,7 @@ def _orders(facts: DataFrame, history: History) -> DataFrame:
             .join(F.broadcast(_chain_epochs(history)), "process", "left")
             .selectExpr("*", "CASE WHEN kind = 'r' THEN size(filter(coalesce(assigns, array()), x -> x.op < op "
                              "AND (NOT array_contains(x.keys, key) OR x.rewinds))) END AS epoch",
-                        "CASE WHEN kind = 'r' THEN struct(offset, rank, nexts) ELSE at END AS here")
+                        "CASE WHEN kind = 'r' THEN struct(offset, rank, nexts, false AS shared) ELSE at END AS here")
             .selectExpr("*", f"lag(struct(op, epoch, here, value)) OVER ({order}) AS prev",
                         "last(CASE WHEN type IN ('ok', 'info') THEN struct(op, here.offset AS at, value) END, true) "
                         f"OVER ({order} ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS sent")
@@ -597,9 +598,11 @@ def _dependencies(facts: DataFrame) -> tuple[DataFrame, DataFrame]:
                 .selectExpr("key", f"'{kind}' AS kind", "e.src AS src", "e.dst AS dst"))
 
     # A writer of key k: an operation of any outcome sending a value whose position is known; its
-    # position in k is the lowest of its values'; each to the next (by position, then operation).
+    # position in k is the lowest of its values', and none when that offset holds another value
+    # too; each to the next (by position, then operation).
     writers = (facts.filter("kind = 's' AND at IS NOT NULL").groupBy("key", "op")
-               .agg(F.min("at.offset").alias("at")))
+               .agg(F.expr("min(struct(at.offset, at.shared))").alias("first"))
+               .filter("NOT first.shared").selectExpr("key", "op", "first.offset AS at"))
     ww = (writers.selectExpr("key", "op AS src", "lead(op) OVER (PARTITION BY key ORDER BY at, op) AS dst")
           .filter("dst IS NOT NULL"))
     # From every sender of (k, v) to every other operation whose poll (any outcome) returned it.

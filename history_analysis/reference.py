@@ -508,16 +508,22 @@ def _uncommitted(evs: list[Event], finals: dict[str, FinalLog], found: Found) ->
     return sorted(k for k in ok_keys if k not in finals or finals[k].assign is None or finals[k].read_to == 0)
 
 
-def _dependencies(evs: list[Event], pos: dict[tuple, int]) -> tuple[list[tuple[int, int, str, str]], set[int]]:
+def _dependencies(evs: list[Event], pos: dict[tuple, int],
+                  shared: set[tuple]) -> tuple[list[tuple[int, int, str, str]], set[int]]:
     """result.DEPENDENCIES, over the events: the edges, and the operations they join (Jepsen's
-    writer-of, readers-of, ww-graph, wr-graph)."""
+    writer-of, readers-of, ww-graph, wr-graph). `shared`: the (key, offset) the log holds two or
+    more values at."""
     writer_of: dict[tuple, set[int]] = defaultdict(set)
     position: dict[tuple, int] = {}  # (key, op) -> position of op's writes in key
+    nodes = set()
     for e in evs:
         if e.kind == "s" and (e.key, e.value) in pos:
             writer_of[(e.key, e.value)].add(e.op)
+            nodes.add(e.op)
             at = pos[(e.key, e.value)]
             position[(e.key, e.op)] = min(position.get((e.key, e.op), at), at)
+    # A writer placed at an offset that holds another value too has no place in the order.
+    position = {(key, op): at for (key, op), at in position.items() if (key, at) not in shared}
     by_key: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for (key, op), at in position.items():
         by_key[key].append((at, op))
@@ -531,7 +537,7 @@ def _dependencies(evs: list[Event], pos: dict[tuple, int]) -> tuple[list[tuple[i
             for w in writer_of.get((e.key, e.value), ()):
                 if w != e.op:
                     edges.add((w, e.op, "wr", e.key))
-    nodes = {op for _, op in position} | {e.op for e in evs if e.kind == "r"}
+    nodes |= {e.op for e in evs if e.kind == "r"}
     return sorted(edges), nodes
 
 
@@ -547,8 +553,10 @@ def analyse(path: str | Path, limit: int = 32, full_dir: str | Path | None = Non
             k = (e.key, e.offset, e.value)
             facts[k] = min(facts.get(k, e.op), e.op)
     pos: dict[tuple, int] = {}  # the version order: (key, value) -> lowest offset the log holds it at
+    held: dict[tuple, set[int]] = defaultdict(set)  # (key, offset) -> the values the log holds there
     for key, offset, value in facts:
         pos[(key, value)] = min(pos.get((key, value), offset), offset)
+        held[(key, offset)].add(value)
     found = Found()
     finals = _final_logs(evs, ops, seeks)
     _lost_and_unseen(evs, finals, found)
@@ -575,7 +583,7 @@ def analyse(path: str | Path, limit: int = 32, full_dir: str | Path | None = Non
             tmp = directory / f".{t}.jsonl.tmp"
             tmp.write_text("".join(text + "\n" for _, _, text in sorted(found.rows.get(t, []))))
             tmp.replace(directory / f"{t}.jsonl")
-    edges, hubs = _dependencies(evs, pos)
+    edges, hubs = _dependencies(evs, pos, {ko for ko, values in held.items() if len(values) > 1})
     hub_rows = sorted((o.op, o.invoke, str(o.process), o.type) for o in ops if o.op in hubs)
     return Analysis(counts=counts, examples=examples, stats=stats, notes=notes, dependencies=edges, hubs=hub_rows,
                     final_reads=[finals[k].summary() for k in sorted(finals)])

@@ -67,7 +67,10 @@ Dependencies between operations, as both engines derive them (Jepsen's Kafka che
   the key holds it (the log: what polls of any outcome returned, and acknowledged sends);
 - a writer of key k is an operation of any outcome with a send to k whose value has a position;
   its position in k is the lowest position of the values it sent to k;
-- ww: per key, each writer to the next by position (order: position, then operation);
+- ww: per key, each writer to the next by position (order: position, then operation), leaving
+  out a writer whose position is an offset that holds another value too (inconsistent-offsets:
+  the log contradicts itself there, and a value that may have been discarded orders nothing;
+  Jepsen keeps one of the values, whichever its set yields first);
 - wr: a poll of any outcome (Jepsen's readers-of takes every completion) in operation R returned
   (k, v), and W sent v to k: from W to R, unless W is R.
 Every operation that writes a value with a position or returned a record is a node (listed in

@@ -489,12 +489,9 @@ class Scenario:
         """What the engines know of the logs at the end: each (key, value)'s position (the lowest
         offset the log holds it at) and each key's known offsets, sorted. The log: what polls of
         any outcome returned, and acknowledged sends."""
-        facts = [(k, o, e.value) for k in self.keys for o, e in enumerate(self.log[k]) if e.read or e.acked]
-        facts += [(k, o, e.value) for k, o, e in self.dropped if e.read or e.acked]
-        facts += self.extra_facts
         pos: dict[tuple, int] = {}
         offsets: dict[str, set[int]] = {k: set() for k in self.keys}
-        for k, o, v in facts:
+        for k, o, v in self.facts():
             pos[(k, v)] = min(pos.get((k, v), o), o)
             offsets[k].add(o)
         return pos, {k: sorted(os) for k, os in offsets.items()}
@@ -503,9 +500,13 @@ class Scenario:
         """The engines' dependencies (Jepsen's writer-of, readers-of, ww-graph, wr-graph), from what
         each operation sent and returned: a writer is an operation of any outcome that sent a value
         with a position, placed in a key at the lowest position of its values there; ww joins
-        consecutive writers of a key (by position, then operation), wr each writer of a value to
+        consecutive writers of a key (by position, then operation; a writer whose position is
+        an offset that holds another value too is left out), wr each writer of a value to
         every other operation (any outcome) that returned it. No operation is passed through."""
         pos, _ = self.version_order()
+        held: dict[tuple, set[int]] = {}  # (key, offset) -> the values the log holds there
+        for k, o, v in self.facts():
+            held.setdefault((k, o), set()).add(v)
         position: dict[tuple, int] = {}
         writers: dict[tuple, set[int]] = {}
         for op in self.effects.values():
@@ -514,6 +515,7 @@ class Scenario:
                     writers.setdefault((k, v), set()).add(op.index)
                     at = pos[(k, v)]
                     position[(k, op.index)] = min(position.get((k, op.index), at), at)
+        position = {(k, i): at for (k, i), at in position.items() if len(held[(k, at)]) == 1}
         edges = set()
         for k in self.keys:
             ws = sorted((at, i) for (key, i), at in position.items() if key == k)
@@ -521,8 +523,14 @@ class Scenario:
         for op in self.effects.values():
             for k, v in op.returned:
                 edges |= {(w, op.index, "wr", k) for w in writers.get((k, v), ()) if w != op.index}
-        nodes = {i for _, i in position} | {op.index for op in self.effects.values() if op.returned}
+        nodes = {i for ws in writers.values() for i in ws} | {op.index for op in self.effects.values() if op.returned}
         return edges, nodes
+
+    def facts(self) -> list[tuple[str, int, int]]:
+        """(key, offset, value) of the log: what polls of any outcome returned, and acknowledged sends."""
+        facts = [(k, o, e.value) for k in self.keys for o, e in enumerate(self.log[k]) if e.read or e.acked]
+        facts += [(k, o, e.value) for k, o, e in self.dropped if e.read or e.acked]
+        return facts + self.extra_facts
 
     def predict_sends(self) -> None:
         """int-send-skip: consecutive sends of one operation (any outcome) to a key, both with a
