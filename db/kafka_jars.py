@@ -10,9 +10,13 @@ version needs) and the logging configuration the nodes start with (`log4j.proper
 under a lock, so concurrent runs resolve a version once and a half-copied folder is never used.
 Later runs, and CI after `scripts/setup`, use the folder offline.
 
+`resolve_tools(version)` gives `<version>/tools/`, the same way: Kafka's own test clients
+(`kafka-tools`: VerifiableProducer, the console consumer) with everything they need, kept off the
+broker's classpath.
+
 `$FAULTLINE_MAVEN_ARGS` adds arguments to every mvn command (`-s settings.xml` for a mirror, say).
-`python -m faultline.db.kafka_jars 3.9.1 4.3.1` resolves versions ahead of time (scripts/setup
-does).
+`python -m faultline.db.kafka_jars [--tools] 3.9.1 4.3.1` resolves versions (and their tools)
+ahead of time (scripts/setup does).
 """
 
 from __future__ import annotations
@@ -101,13 +105,41 @@ def resolve(version: str, progress=None) -> Path:
         return folder
 
 
-def _mvn(project: Path, version: str, out: Path, extra: list[str]) -> None:
+def resolve_tools(version: str, progress=None) -> Path:
+    """The folder of Kafka's own client tools of `version` (`<version>/tools/`: jars to put on a
+    classpath), resolving them from Maven Central first if they are not there yet."""
+    say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
+    folder = resolve(version, progress) / "tools"
+    if (folder / MARKER).exists():
+        return folder
+    with open(cache_root() / f".{version}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (folder / MARKER).exists():
+            return folder
+        say(f"faultline: resolving Apache Kafka {version}'s tools (kafka-tools) into {folder} ...")
+        staging = Path(tempfile.mkdtemp(prefix=".tools-", dir=folder.parent))
+        try:
+            _mvn(maven_project(), version, staging, [], profiles=["tools"])
+            if not list(staging.glob(f"kafka-tools-{version}.jar")):
+                raise KafkaJarsError(f"resolving Apache Kafka {version}'s tools gave no kafka-tools-{version}.jar")
+            (staging / MARKER).write_text(f"{version}\n")
+            if folder.exists():  # an incomplete earlier attempt
+                shutil.rmtree(folder)
+            os.replace(staging, folder)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                shutil.rmtree(staging)
+    return folder
+
+
+def _mvn(project: Path, version: str, out: Path, extra: list[str], profiles: list[str] = ()) -> None:
     mvn = shutil.which("mvn")
     if mvn is None:
         raise KafkaJarsError("Maven (mvn) is not installed, and faultline resolves Apache Kafka's jars with it: "
                              "run scripts/setup, or apt-get install maven")
     cmd = [mvn, "-q", "-B", "-Dstyle.color=never", "-f", str(project / "pom.xml"), PLUGIN_GOAL,
-           f"-Dkafka.version={version}", f"-Pkafka{4 if major(version) >= 4 else 3}", "-DincludeScope=runtime",
+           f"-Dkafka.version={version}", "-P" + ",".join([f"kafka{4 if major(version) >= 4 else 3}", *profiles]),
+           "-DincludeScope=runtime",
            f"-DoutputDirectory={out}", *os.environ.get("FAULTLINE_MAVEN_ARGS", "").split(), *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=900)
     if proc.returncode != 0:
@@ -173,14 +205,18 @@ def _jar_version(lib: Path, artifact: str) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    versions = (argv if argv is not None else sys.argv[1:]) or list(TESTED_VERSIONS)
+    args = list(argv if argv is not None else sys.argv[1:])
+    tools = "--tools" in args
+    versions = [a for a in args if a != "--tools"] or list(TESTED_VERSIONS)
     for version in versions:
         try:
             folder = resolve(version)
+            if tools:
+                resolve_tools(version)
         except KafkaJarsError as exc:
             print(f"faultline: {exc}", file=sys.stderr)
             return 1
-        print(f"Apache Kafka {version}: {folder}")
+        print(f"Apache Kafka {version}: {folder}" + (" (and its tools)" if tools else ""))
     return 0
 
 
