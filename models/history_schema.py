@@ -219,9 +219,11 @@ class KeyType(Type):
         self._good: set[str] = set()
 
     def ok(self, v) -> bool:
+        if type(v) is not str:  # before the cache: a list or an object is not hashable
+            return False
         if v in self._good:
             return True
-        if type(v) is not str or not self._re.fullmatch(v) or int(v.rsplit("/", 1)[1]) > PARTITION_MAX:
+        if not self._re.fullmatch(v) or int(v.rsplit("/", 1)[1]) > PARTITION_MAX:
             return False
         if len(self._good) < 100_000:
             self._good.add(v)

@@ -254,13 +254,17 @@ def check_python(mutated: Mutated, path: Path) -> Example:
 
 def test_mutated_histories_are_refused_alike_or_judged_alike(spark, tmp_path):
     examples: list[Example] = []
+    calls: list[None] = []
 
     @settings(max_examples=EXAMPLES, deadline=None, derandomize=settings.default.derandomize,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(seed=st.integers(0, 2**32 - 1), data=st.data())
     def one(seed, data):
         mutated = mutate(data.draw, valid_history(seed))
-        examples.append(check_python(mutated, tmp_path / f"e{len(examples)}" / "history.jsonl"))
+        # A folder per call: Hypothesis replays a failing example, and the replay must not find
+        # the first attempt's folder in its way.
+        calls.append(None)
+        examples.append(check_python(mutated, tmp_path / f"e{len(calls)}" / "history.jsonl"))
 
     one()
     assert len(examples) >= EXAMPLES

@@ -173,6 +173,9 @@ REFUSED = {
     # keys
     "key without partition": (mop(1, 0, key="t"), 1, "mops[0].key", 'found "t" (a string)'),
     "key a number": (record(key=5), 8, "mops[0].records[0].key", "found 5 (an integer)"),
+    # Found by the mutation property: a list where a key belongs once reached a set lookup.
+    "key a list": (mop(1, 0, key=[K]), 1, "mops[0].key", "a key: a string topic/partition"),
+    "keys holding a list": (at(3, keys=[[K]]), 3, "keys[0]", "a key: a string topic/partition"),
     "key partition with a leading zero": (mop(1, 0, key="t/01"), 1, "mops[0].key", "without leading zeros"),
     "key partition beyond 32 bits": (mop(1, 0, key="t/2147483648"), 1, "mops[0].key", '"t/2147483648"'),
     "key topic with a space": (mop(1, 0, key="my topic/0"), 1, "mops[0].key", "the topic of 1 to 249"),
