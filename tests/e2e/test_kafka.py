@@ -135,3 +135,73 @@ def test_cleanup_after_a_sigkilled_kafka_run_leaves_no_kafka_jvm(tmp_path):
         if run.poll() is None:
             run.kill()
         faultline("cleanup")
+
+
+def run_stale_election_on_kafka(store: Path, unclean: bool) -> tuple[subprocess.CompletedProcess, Path, dict, list]:
+    # Kafka 3.9 under ZooKeeper, where the controller is a broker that elects as soon as a
+    # partition's leader is gone: a follower is killed until it leaves the ISR (lag limit 3 s)
+    # while writes go on; then the replicas still in sync are killed and the stale one starts first.
+    proc, run_dir, results = run_kafka(
+        store, "--kafka-version", "3.9.1", "--kafka-mode", "zookeeper", "--nodes", "3", "--time-limit", "30",
+        "--rate", "100", "--seed", "1", "--nemesis", "stale-election", "--nemesis-interval", "8",
+        "--broker-set", f"unclean.leader.election.enable={str(unclean).lower()}",
+        "--broker-set", "replica.lag.time.max.ms=3000")
+    elections = [op["value"] for op in read_history(run_dir / "history.jsonl").ops
+                 if op["process"] == "nemesis" and op["f"] == "elect-stale" and op["type"] == "info"]
+    assert elections, proc.stdout + proc.stderr
+    return proc, run_dir, results, elections
+
+
+def test_unclean_election_on_kafka_3_9_loses_acknowledged_writes_and_clean_election_does_not(tmp_path):
+    proc, run_dir, results, elections = run_stale_election_on_kafka(tmp_path / "unclean", unclean=True)
+    print(f"unclean: elections {elections}, counts {results['counts']}")
+    assert elections[0]["stale_elected"] is True, elections
+    # The run's own model knows unclean election gives up acknowledged writes: allowed, reported.
+    assert "unclean.leader.election.enable=true" in results["model"], results["model"]
+    assert (proc.returncode, results["valid"]) == (0, True), proc.stdout + proc.stderr
+    assert results["counts"].get("lost-write", 0) > 0, results["counts"]
+    strict = faultline("check", "--engine", "python", "--model", "exactly-once", "--no-progress", str(run_dir))
+    assert strict.returncode == 1, strict.stdout + strict.stderr
+    assert "lost-write" in json.loads((run_dir / "results.json").read_text())["bad_anomaly_types"]
+    assert everything_left() == NOTHING
+
+    proc, run_dir, results, elections = run_stale_election_on_kafka(tmp_path / "clean", unclean=False)
+    print(f"clean: elections {elections}, counts {results['counts']}")
+    assert elections[0]["stale_elected"] is False, elections
+    assert (proc.returncode, results["valid"]) == (0, True), proc.stdout + proc.stderr
+    assert not {"lost-write", "reused-offset", "unseen"} & set(results["counts"]), results["counts"]
+    assert everything_left() == NOTHING
+
+
+def run_power_loss_on_kafka(store: Path, *extra: str) -> tuple[subprocess.CompletedProcess, Path, dict, list]:
+    # Every node loses power at once (log dirs and the KRaft metadata log on the file system that
+    # drops what was not fsynced), then comes back; the workload goes on after it.
+    proc, run_dir, results = run_kafka(
+        store, "--kafka-version", "4.3.1", "--nodes", "3", "--time-limit", "30", "--rate", "100",
+        "--concurrency", "6", "--seed", "18", "--nemesis", "power-loss-all", "--nemesis-interval", "9",
+        "--broker-set", "min.insync.replicas=2", *extra)
+    outages = [op for op in read_history(run_dir / "history.jsonl").ops
+               if op["process"] == "nemesis" and op["f"] == "power-off" and op["type"] == "info"]
+    assert outages and outages[0]["value"]["nodes"] == ["n1", "n2", "n3"], proc.stdout + proc.stderr
+    return proc, run_dir, results, outages
+
+
+def test_a_power_loss_of_every_kafka_node_loses_acknowledged_writes_unless_every_message_is_flushed(tmp_path):
+    # Kafka leaves flushing to the OS: acks=all means every in-sync replica has the batch in its
+    # page cache, and losing the power of all of them at once takes it away.
+    proc, run_dir, results, outages = run_power_loss_on_kafka(tmp_path / "lazy")
+    print(f"default flush: unsynced {outages[0]['value']['unsynced_bytes']}, counts {results['counts']}")
+    assert sum(outages[0]["value"]["unsynced_bytes"].values()) > 0, outages
+    assert "log.flush.interval.messages" in results["model"], results["model"]
+    assert (proc.returncode, results["valid"]) == (0, True), proc.stdout + proc.stderr
+    assert results["counts"].get("lost-write", 0) > 0, results["counts"]
+    assert everything_left() == NOTHING
+    # With an fsync after every message on every replica, an acknowledged write is on the disk of
+    # every in-sync replica before the producer hears of it.
+    proc, run_dir, results, outages = run_power_loss_on_kafka(tmp_path / "flushed", "--broker-set",
+                                                             "log.flush.interval.messages=1")
+    print(f"flush.messages=1: counts {results['counts']}")
+    assert (proc.returncode, results["valid"]) == (0, True), proc.stdout + proc.stderr
+    assert results["model"] == "exactly-once", results["model"]
+    assert not {"lost-write", "unseen"} & set(results["counts"]), results["counts"]
+    assert everything_left() == NOTHING
