@@ -53,7 +53,7 @@ def percentile(sorted_values: list[float], q: float) -> float:
 def bench(bootstrap: str, n: int, partitions: int, value_size: int, rate: float | None = None,
           replication_factor: int = 1) -> dict:
     """Produce n messages (as fast as possible, or paced at `rate` per second), then consume them."""
-    topic = f"bench-{int(time.time())}"
+    topic = f"bench-{time.time_ns()}"  # a topic of its own per call (a warm-up, then the measured run)
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(topic, partitions, replication_factor)])[topic].result(10)
     # Wait for every partition's leader, so the first sends do not measure an election.

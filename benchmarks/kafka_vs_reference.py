@@ -3,7 +3,7 @@
 Each system runs as `faultline run` runs it (a network namespace per node, the db's own
 settings: `db/kafka.py`, `db/reference.py`), for 1 node and for 3 nodes with RF 3; the same
 measurement as broker_throughput.py then runs against each (confluent-kafka, acks=all with
-idempotence, 100-byte values): messages/s and p50/p99 produce latency of a saturated run, then
+idempotence, 100-byte values), after a warm-up run on the same cluster that is not counted: messages/s and p50/p99 produce latency of a saturated run, then
 consumption by assign; and a paced run (--latency-rate) for latency without a full client queue.
 The figures of both, and the ratio Kafka / reference, are printed as JSON. Needs root.
 
@@ -39,6 +39,10 @@ def measure(db_name: str, nodes: int, args) -> dict:
     try:
         db.setup()
         rf = spec.effective_replication_factor
+        if args.warmup:
+            # Not counted: Kafka's JIT compiles its hot paths, both systems fill their caches.
+            print(f"{db_name}, {nodes} node(s): warm-up of {args.warmup} messages (not counted)", file=sys.stderr)
+            bench(db.bootstrap, args.warmup, args.partitions, args.value_bytes, replication_factor=rf)
         print(f"{db_name}, {nodes} node(s): saturated run of {args.messages} messages", file=sys.stderr)
         result = {"saturated": bench(db.bootstrap, args.messages, args.partitions, args.value_bytes,
                                      replication_factor=rf)}
@@ -69,6 +73,9 @@ def ratios(kafka: dict, reference: dict) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=50_000, help="messages of the saturated run (default 50000)")
+    parser.add_argument("--warmup", type=int, default=20_000,
+                        help="messages produced and consumed on each cluster before anything is counted "
+                             "(default 20000; 0 skips it)")
     parser.add_argument("--partitions", type=int, default=3, help="partitions of the topic (default 3)")
     parser.add_argument("--value-bytes", type=int, default=100, help="size of each value (default 100)")
     parser.add_argument("--latency-rate", type=float, default=2000,
