@@ -76,7 +76,8 @@ SETTINGS: dict[str, Setting] = {
         Setting("default.replication.factor", _int_at_least(1, 1000), 1,
                 "replicas of an automatically created topic, or of one created with replication factor -1"),
         Setting("min.insync.replicas", _int_at_least(1), 1,
-                "acks=all produce is refused with NOT_ENOUGH_REPLICAS when fewer replicas are in sync"),
+                "acks=all produce is refused with NOT_ENOUGH_REPLICAS when fewer replicas are in sync "
+                "(capped at the partition's replication factor, as Kafka caps it)"),
         Setting("log.segment.bytes", _int_at_least(14, 2**31 - 1), 1073741824,
                 "a partition's active segment is rolled when the next batch would make it larger"),
         Setting("log.index.interval.bytes", _int_at_least(0, 2**31 - 1), 4096,

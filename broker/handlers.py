@@ -265,7 +265,7 @@ class Handlers:
                             raise BrokerError(code, f"topic {topic.name!r} does not exist")
                     replica = self.replicas.leader_replica(topic.name, pd.index)
                     plog = replica.log
-                    min_isr = self.state.config["min.insync.replicas"]
+                    min_isr = replica.effective_min_isr(self.state.config["min.insync.replicas"])
                     if acks == -1 and len(replica.isr) < min_isr:
                         raise BrokerError(
                             ErrorCode.not_enough_replicas,

@@ -144,7 +144,7 @@ class LeaderDuties:
 
     async def wait_replicated(self, r: Replica, required: int, epoch: int, deadline: float) -> ErrorCode:
         """For acks=all: wait until every ISR member has everything below `required`."""
-        min_isr = self.config["min.insync.replicas"]
+        min_isr = r.effective_min_isr(self.config["min.insync.replicas"])
         while True:
             if r.role != LEADER or r.leader_epoch != epoch:
                 return ErrorCode.not_leader_or_follower

@@ -47,3 +47,8 @@ class Replica:
     @property
     def name(self) -> str:
         return f"{self.topic}-{self.index}"
+
+    def effective_min_isr(self, configured: int) -> int:
+        """min.insync.replicas as Kafka applies it: capped at the replication factor (Kafka 3.9,
+        Partition.scala, effectiveMinIsr), so a setting above it does not refuse every acks=all."""
+        return min(configured, max(len(self.replicas), 1))

@@ -106,6 +106,26 @@ def test_acks_all_is_refused_below_min_insync_and_fails_after_append_when_the_is
             cluster.resume(b)
 
 
+def test_min_insync_replicas_above_the_replication_factor_is_capped_at_it_as_kafka_does(cluster_factory):
+    # Kafka 3.9 (Partition.scala, effectiveMinIsr): min(min.insync.replicas, replicas). A setting
+    # of 3 on a topic of two replicas asks for both, and an ISR of one is refused.
+    cluster = cluster_factory(settings={"zookeeper.session.timeout.ms": 20000, "replica.lag.time.max.ms": 1500,
+                                        "min.insync.replicas": 3})
+    cluster.create_topic("cap", 1, 2)
+    leader = cluster.state("cap", 0)["leader"]
+    with wire(cluster, leader) as client:
+        resp = part_response(client.request(produce_req("cap", 0, encode_batch([(None, b"both")]))))
+        assert (resp.error_code, resp.base_offset) == (ErrorCode.none, 0)
+        [follower] = followers(cluster, "cap", 0)
+        cluster.pause(follower)
+        try:
+            cluster.wait_state("cap", 0, lambda s: s["isr"] == [leader], "an ISR of the leader alone")
+            resp = part_response(client.request(produce_req("cap", 0, encode_batch([(None, b"alone")]))))
+            assert resp.error_code == ErrorCode.not_enough_replicas
+        finally:
+            cluster.resume(follower)
+
+
 def test_consumers_read_only_below_the_high_watermark(cluster_factory):
     cluster = cluster_factory(settings={"zookeeper.session.timeout.ms": 20000, "replica.lag.time.max.ms": 60000})
     cluster.create_topic("h", 1, 3)
