@@ -119,7 +119,7 @@ def resolve_tools(version: str, progress=None) -> Path:
         say(f"faultline: resolving Apache Kafka {version}'s tools (kafka-tools) into {folder} ...")
         staging = Path(tempfile.mkdtemp(prefix=".tools-", dir=folder.parent))
         try:
-            _mvn(maven_project(), version, staging, [], profiles=["tools"])
+            _mvn(maven_project(), version, staging, [], profiles=("tools",))
             if not list(staging.glob(f"kafka-tools-{version}.jar")):
                 raise KafkaJarsError(f"resolving Apache Kafka {version}'s tools gave no kafka-tools-{version}.jar")
             (staging / MARKER).write_text(f"{version}\n")
@@ -132,7 +132,7 @@ def resolve_tools(version: str, progress=None) -> Path:
     return folder
 
 
-def _mvn(project: Path, version: str, out: Path, extra: list[str], profiles: list[str] = ()) -> None:
+def _mvn(project: Path, version: str, out: Path, extra: list[str], profiles: tuple[str, ...] = ()) -> None:
     mvn = shutil.which("mvn")
     if mvn is None:
         raise KafkaJarsError("Maven (mvn) is not installed, and faultline resolves Apache Kafka's jars with it: "

@@ -255,7 +255,8 @@ def _facts(history: History) -> DataFrame:
     holds there); per key and value: `was_sent`, `was_read`, `was_read_ok`, `sent_not_failed`,
     `send_op` (its first sender), `vmin`, `vmax` (the lowest and highest offset the log holds it
     at), on a send `at` (offset, rank, nexts, shared: whether the log holds another value at
-    that offset too) of the value's position in the version order (null: unknown), on a record `senders` (the operations that sent its value); for lost-write,
+    that offset too) of the value's position in the version order (null: unknown), on a record
+    `senders` (the operations that sent its value); for lost-write,
     `passed` (on an acknowledged send: (op, offset) of the earliest ok poll that returned a higher
     offset), `passed_any` and `first_missing` (per value: a poll passed an acknowledged send of it;
     (late, op, pos) of its first acknowledged send the complete final log lacks).
