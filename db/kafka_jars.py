@@ -99,7 +99,7 @@ def resolve(version: str, progress=None) -> Path:
         started = time.monotonic()
         say(f"faultline: resolving Apache Kafka {version} from Maven Central into {version_dir(version)} "
             f"(once per version; later runs use it offline) ...")
-        folder = _resolve_locked(version, root)
+        folder = _resolve_locked(version)
         jars = len(list((folder / "lib").glob("*.jar")))
         say(f"faultline: Apache Kafka {version} resolved: {jars} jars in {time.monotonic() - started:.0f} s")
         return folder
@@ -117,18 +117,13 @@ def resolve_tools(version: str, progress=None) -> Path:
         if (folder / MARKER).exists():
             return folder
         say(f"faultline: resolving Apache Kafka {version}'s tools (kafka-tools) into {folder} ...")
-        staging = Path(tempfile.mkdtemp(prefix=".tools-", dir=folder.parent))
-        try:
+
+        def build(staging: Path) -> None:
             _mvn(maven_project(), version, staging, [], profiles=("tools",))
             if not list(staging.glob(f"kafka-tools-{version}.jar")):
                 raise KafkaJarsError(f"resolving Apache Kafka {version}'s tools gave no kafka-tools-{version}.jar")
-            (staging / MARKER).write_text(f"{version}\n")
-            if folder.exists():  # an incomplete earlier attempt
-                shutil.rmtree(folder)
-            os.replace(staging, folder)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                shutil.rmtree(staging)
+
+        _install(folder, version, build)
     return folder
 
 
@@ -164,14 +159,14 @@ def _explain(version: str, cmd: str, output: str) -> str:
     return f"resolving Apache Kafka {version} failed: `{cmd}` exited with an error.\nMaven said:\n{tail}"
 
 
-def _resolve_locked(version: str, root: Path) -> Path:
+def _resolve_locked(version: str) -> Path:
     project = maven_project()
     config = project / log_config_name(version)
     if not (project / "pom.xml").exists() or not config.exists():
         raise KafkaJarsError(f"the Maven project for Apache Kafka ({project}/pom.xml and {config.name}) is missing; "
                              f"run faultline from its repository, or set FAULTLINE_KAFKA_MAVEN_PROJECT")
-    staging = Path(tempfile.mkdtemp(prefix=f".{version}-", dir=root))
-    try:
+
+    def build(staging: Path) -> None:
         lib = staging / "lib"
         _mvn(project, version, lib, [])
         if major(version) >= 4:
@@ -185,8 +180,17 @@ def _resolve_locked(version: str, root: Path) -> Path:
         if not list(lib.glob(f"kafka_2.13-{version}.jar")):
             raise KafkaJarsError(f"resolving Apache Kafka {version} gave no kafka_2.13-{version}.jar in {lib}")
         shutil.copy2(config, staging / config.name)
+
+    return _install(version_dir(version), version, build)
+
+
+def _install(final: Path, version: str, build) -> Path:
+    """Fill a staging folder beside `final` with `build(staging)`, mark it complete and rename it
+    into place (replacing an incomplete earlier attempt); the caller holds the version's lock."""
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+    try:
+        build(staging)
         (staging / MARKER).write_text(f"{version}\n")
-        final = version_dir(version)
         if final.exists():  # an incomplete earlier attempt
             shutil.rmtree(final)
         os.replace(staging, final)
