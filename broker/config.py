@@ -85,9 +85,11 @@ SETTINGS: dict[str, Setting] = {
         Setting("log.flush.interval.messages", _int_at_least(1), LONG_MAX,
                 "fsync a partition once this many messages were appended since its last fsync"),
         Setting("log.flush.interval.ms", _optional_long, None,
-                "fsync a partition whose oldest unflushed message is older than this (null: never on a timer)"),
+                "fsync a partition this long after its last fsync, when the flusher next looks "
+                "(null: log.flush.scheduler.interval.ms); nothing happens by time unless "
+                "log.flush.scheduler.interval.ms is set too, as in Kafka"),
         Setting("log.flush.scheduler.interval.ms", _int_at_least(1), LONG_MAX,
-                "how often the flusher looks at log.flush.interval.ms"),
+                "how often the flusher looks at log.flush.interval.ms (default: never)"),
         Setting("message.max.bytes", _int_at_least(0, 2**31 - 1), 1048588,
                 "largest record batch a producer may send"),
         Setting("socket.request.max.bytes", _int_at_least(1, 2**31 - 1), 104857600,
@@ -124,9 +126,18 @@ SETTINGS: dict[str, Setting] = {
                 "attempts at moving leadership away before a shutdown gives up and stops anyway"),
         Setting("controlled.shutdown.retry.backoff.ms", _int_at_least(0, 600_000), 5000,
                 "how long one controlled shutdown attempt waits for leadership to move"),
-        Setting("faultline.truncation", _one_of("leader-epoch", "high-watermark"), "leader-epoch",
-                "how a replica that becomes a follower truncates: by leader epoch (OffsetForLeaderEpoch, "
-                "KIP-101) or to its own high watermark (the older behaviour, which can lose or diverge data)"),
+        Setting("faultline.truncation", _one_of("leader-epoch", "leader-epoch-once", "high-watermark"),
+                "leader-epoch",
+                "UNSAFE when not leader-epoch. How a replica that becomes a follower truncates: "
+                "leader-epoch, as Kafka 3.9 (KIP-101 with KIP-279: it asks the leader where its epochs "
+                "end and asks again until the logs agree); leader-epoch-once, as Kafka 0.11 to 1.1 "
+                "(KIP-101 before KIP-279: one question, so repeated fast leader changes can leave a "
+                "diverged log); high-watermark, as before Kafka 0.11 (to its own high watermark, which "
+                "can lose or diverge data)"),
+        Setting("faultline.high.watermark.below.min.isr", _bool, False,
+                "UNSAFE when true. Let the high watermark advance while the ISR is smaller than "
+                "min.insync.replicas, as Kafka did before 3.7 (KAFKA-15583): consumers then read "
+                "acks=1 data that only the leader holds"),
         Setting("producer.id.block.size", _int_at_least(1, 1_000_000), 1000,
                 "producer ids reserved on disk at a time, so a restart never hands out one twice"),
     ]

@@ -22,7 +22,8 @@ Rules, per partition:
   can lead it again.
 - an ISR member that is not fresh, or that is shutting down, leaves the ISR
   (the leader stays, and an offline partition keeps its last ISR);
-- a new leader bumps the leader epoch.
+- a new leader, or an ISR the controller shrinks, bumps the leader epoch (as
+  Kafka 3.9's ZooKeeper controller does; a leader's own ISR changes do not).
 """
 
 from __future__ import annotations
@@ -74,7 +75,10 @@ def _decide_partition(snap: Snapshot, assignment: tuple[int, ...], state: Partit
         isr = tuple(b for b in state.isr if b == leader or (fresh(b) and b not in leaving))
         if isr != state.isr:
             gone = sorted(set(state.isr) - set(isr))
-            return replace(state, isr=isr), f"brokers {gone} left the ISR (dead, restarted or shutting down)"
+            # A new leader epoch too, as Kafka's ZooKeeper controller (doRemoveReplicasFromIsr,
+            # LeaderAndIsr.newLeaderAndIsr): followers then ask the leader again where to truncate.
+            return (replace(state, isr=isr, leader_epoch=state.leader_epoch + 1),
+                    f"brokers {gone} left the ISR (dead, restarted or shutting down)")
         return None
     in_isr = set(state.isr)
     candidates = [b for b in assignment if b in in_isr and fresh(b) and b not in leaving]

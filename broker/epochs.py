@@ -4,8 +4,10 @@ In: epoch starts (`assign(epoch, start_offset)`) as a replica becomes leader or
 appends batches of a new epoch, truncations, and the partition directory.
 Out: `end_offset_for(epoch, log_end)`, the answer OffsetForLeaderEpoch gives
 (the fix of KIP-101: a follower truncates to where its own history and the
-leader's diverge, not to its high watermark), and the file Kafka keeps for
-it, `leader-epoch-checkpoint`:
+leader's diverge, not to its high watermark; KIP-279: the answer names the
+epoch it is for, so the follower can ask again), all as Kafka 3.9's
+LeaderEpochFileCache, and the file Kafka keeps for it,
+`leader-epoch-checkpoint`:
 
     0                 version
     <n>               number of entries
@@ -56,41 +58,50 @@ class LeaderEpochCache:
         return self.entries[-1][0] if self.entries else UNDEFINED
 
     def assign(self, epoch: int, start_offset: int) -> bool:
-        """Record that `epoch` begins at `start_offset`; True if that is new."""
-        if epoch < 0:
+        """Record that `epoch` begins at `start_offset`; True if that changed the cache.
+
+        As Kafka 3.9 (LeaderEpochFileCache.assign): the newest assignment wins. Entries from the
+        end whose epoch is not older, or whose start is not earlier, than the new one are dropped
+        first (an epoch in which nothing was written, or a history the log has since replaced),
+        so a follower appending a leader's batches of an older epoch takes the leader's history."""
+        if epoch < 0 or start_offset < 0:
             return False
-        if self.entries and self.entries[-1][0] >= epoch:
-            if self.entries[-1][0] == epoch:
+        if self.entries:
+            latest_epoch, latest_start = self.entries[-1]
+            if epoch == latest_epoch and start_offset >= latest_start:
                 return False
-            # An older epoch than the latest cannot start now; the log is the authority.
-            log.warning("%s: epoch %d after epoch %d ignored", self.path.parent.name, epoch, self.entries[-1][0])
-            return False
-        # Entries whose start lies beyond the new one came from a discarded history.
-        while self.entries and self.entries[-1][1] > start_offset:
-            self.entries.pop()
+        dropped = []
+        while self.entries and (self.entries[-1][0] >= epoch or self.entries[-1][1] >= start_offset):
+            dropped.append(self.entries.pop())
+        if len(dropped) > 1 or (dropped and dropped[0][1] != start_offset):
+            log.warning("%s: epoch %d at offset %d replaced the entries %s", self.path.parent.name,
+                        epoch, start_offset, dropped[::-1])
         self.entries.append((epoch, start_offset))
         self.save()
         return True
 
     def end_offset_for(self, epoch: int, log_end: int) -> tuple[int, int]:
-        """(epoch, end offset) for a follower asking about `epoch`, as Kafka answers:
-        the latest epoch gets the log end; an older epoch gets the start of the
-        next larger epoch, along with the largest epoch <= the one asked;
-        an epoch older than all known gets (UNDEFINED, UNDEFINED)."""
-        if not self.entries:
+        """(epoch, end offset) for a follower asking about `epoch`, as Kafka 3.9 answers
+        (LeaderEpochFileCache.endOffsetFor): the latest epoch ends at the log end; an older one
+        ends where the next larger epoch starts, answered with the largest epoch <= the one asked;
+        an epoch older than every known one is answered as asked, ending where the first known
+        epoch starts (so the follower truncates to it); an epoch newer than every known one, or
+        none, gets (UNDEFINED, UNDEFINED)."""
+        if epoch < 0 or not self.entries:
             return UNDEFINED, UNDEFINED
         if epoch == self.latest_epoch:
             return epoch, log_end
         epochs = [e for e, _ in self.entries]
         i = bisect.bisect_right(epochs, epoch)
-        if i == 0:
-            return UNDEFINED, UNDEFINED
         if i == len(epochs):
-            return self.entries[-1][0], log_end
+            return UNDEFINED, UNDEFINED
+        if i == 0:
+            return epoch, self.entries[0][1]
         return self.entries[i - 1][0], self.entries[i][1]
 
     def truncate_from_end(self, end_offset: int) -> None:
-        """The log was cut to `end_offset`: drop epochs that start at or after it."""
+        """The log was cut to end at `end_offset`: drop epochs that start at or after it, as
+        Kafka's truncateFromEnd does (an epoch starting at the new log end holds nothing)."""
         before = len(self.entries)
         while self.entries and self.entries[-1][1] >= end_offset:
             self.entries.pop()

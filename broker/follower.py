@@ -1,9 +1,11 @@
 """What this broker does for the partitions it follows: truncate, then copy the leader's log.
 
 In: a replica that has just become a follower of a broker at a leader epoch, and that broker's
-address from the cluster snapshot. Out: the log truncated once, where it may diverge from the
-leader's: by leader epoch (OffsetForLeaderEpoch, KIP-101) or to this replica's own high watermark
-(`faultline.truncation=high-watermark`, the older behaviour); then the leader's batches appended
+address from the cluster snapshot. Out: the log truncated where it may diverge from the
+leader's: as Kafka 3.9, by leader epoch, asking the leader again after each cut until the logs
+agree (OffsetForLeaderEpoch, KIP-101 and KIP-279); or, as older Kafka did, by one question
+(`faultline.truncation=leader-epoch-once`) or to this replica's own high watermark
+(`faultline.truncation=high-watermark`); then the leader's batches appended
 unchanged, and the high watermark the leader reports. A log that ends beyond the leader's is cut
 back to the leader's end; batches that do not line up with this log stop the fetcher (DIVERGED).
 """
@@ -74,35 +76,67 @@ class FollowerFetcher:
                 conn.close()
 
     async def _truncate(self, r: Replica, conn: PeerConnection) -> None:
-        plog = r.log
-        before = plog.log_end_offset
-        if self.config["faultline.truncation"] == "high-watermark":
-            target, how = plog.high_watermark, f"to its high watermark {plog.high_watermark}"
-        else:
-            asked = plog.epochs.latest_epoch
+        """Cut this replica's log where it may diverge from the leader's, as
+        `faultline.truncation` says (default: Kafka 3.9's)."""
+        how = self.config["faultline.truncation"]
+        if how == "high-watermark" or r.log.epochs.latest_epoch < 0:
+            # Before Kafka 0.11, and in Kafka 3.9 for a log that knows no epoch.
+            self._truncate_to(r, r.log.high_watermark, f"to its high watermark {r.log.high_watermark}")
+            return
+        for _ in range(1000):
+            asked = r.log.epochs.latest_epoch
             if asked < 0:
                 return
-            resp = await conn.request(OffsetForLeaderEpochRequest, {
-                "replica_id": self.me,
-                "topics": [{"topic": r.topic, "partitions": [
-                    {"partition": r.index, "current_leader_epoch": r.leader_epoch, "leader_epoch": asked}]}],
-            }, timeout=10)
-            answer = resp.topics[0].partitions[0]
-            if answer.error_code != ErrorCode.none:
-                raise BrokerError(answer.error_code, f"OffsetForLeaderEpoch for epoch {asked}")
-            if answer.end_offset < 0:
-                # The leader knows no epoch this old: Kafka falls back to the high watermark.
-                target, how = plog.high_watermark, f"to its high watermark {plog.high_watermark} (leader knows no epoch <= {asked})"
-            elif answer.leader_epoch == asked:
-                target, how = answer.end_offset, f"by leader epoch: epoch {asked} ends at {answer.end_offset} on the leader"
-            else:
-                own_end = plog.epochs.end_offset_for(answer.leader_epoch, plog.log_end_offset)[1]
-                target = min(answer.end_offset, own_end)
-                how = (f"by leader epoch: the leader's last epoch <= {asked} is {answer.leader_epoch}, "
-                       f"ending at {answer.end_offset}; here it ends at {own_end}")
+            epoch, end = await self._epoch_end(r, conn, asked)
+            target, done, why = self._truncation_target(r, asked, epoch, end, how)
+            self._truncate_to(r, target, why)
+            if done:
+                return
+        raise RuntimeError(f"{r.name}: truncation did not settle after 1000 OffsetForLeaderEpoch rounds")
+
+    async def _epoch_end(self, r: Replica, conn: PeerConnection, asked: int) -> tuple[int, int]:
+        resp = await conn.request(OffsetForLeaderEpochRequest, {
+            "replica_id": self.me,
+            "topics": [{"topic": r.topic, "partitions": [
+                {"partition": r.index, "current_leader_epoch": r.leader_epoch, "leader_epoch": asked}]}],
+        }, timeout=10)
+        answer = resp.topics[0].partitions[0]
+        if answer.error_code != ErrorCode.none:
+            raise BrokerError(answer.error_code, f"OffsetForLeaderEpoch for epoch {asked}")
+        return answer.leader_epoch, answer.end_offset
+
+    @staticmethod
+    def _truncation_target(r: Replica, asked: int, epoch: int, end: int, how: str) -> tuple[int, bool, str]:
+        """(offset to truncate to, whether truncation is complete, why), from the leader's answer
+        (`epoch`, `end`) for the epoch `asked`: Kafka 3.9's AbstractFetcherThread
+        getOffsetTruncationState (KIP-279) or, for `leader-epoch-once`, KIP-101's one step."""
+        plog = r.log
+        leo = plog.log_end_offset
+        if end < 0:
+            # The leader knows no epoch this new: Kafka keeps the log (truncates to its fetch
+            # offset, the log end for a log with epochs); KIP-101 alone fell back to the high watermark.
+            if how == "leader-epoch-once":
+                return plog.high_watermark, True, f"to its high watermark {plog.high_watermark} " \
+                                                  f"(the leader knows no epoch <= {asked})"
+            return leo, True, f"nowhere: the leader knows no epoch <= {asked}"
+        if how == "leader-epoch-once":
+            return min(end, leo), True, f"by leader epoch, once: epoch {asked} ends at {end} on the leader"
+        own = plog.epochs.end_offset_for(epoch, leo)
+        if own[1] < 0:
+            return min(end, leo), True, f"to the leader's end {end} of epoch {epoch}, older than any here"
+        own_epoch, own_end = own
+        if own_epoch != epoch:
+            return min(own_end, leo), False, (f"by leader epoch: the leader's last epoch <= {asked} is {epoch}, "
+                                              f"unknown here; cut to the end {own_end} of epoch {own_epoch} "
+                                              f"and ask again")
+        return min(own_end, end, leo), True, (f"by leader epoch: epoch {epoch} ends at {end} on the leader "
+                                              f"and at {own_end} here")
+
+    def _truncate_to(self, r: Replica, target: int, how: str) -> None:
+        before = r.log.log_end_offset
         if target < before:
-            plog.truncate_to(target)
-            log.warning("%s: truncated from %d to %d %s", r.name, before, plog.log_end_offset, how)
+            r.log.truncate_to(target)
+            log.warning("%s: truncated from %d to %d %s", r.name, before, r.log.log_end_offset, how)
         else:
             log.info("%s: no truncation needed (log end %d; %s)", r.name, before, how)
 

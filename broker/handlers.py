@@ -282,14 +282,14 @@ class Handlers:
                         log.info("duplicate batch for %s-%d answered with its offset %d",
                                  topic.name, pd.index, result.base_offset)
                     if acks == -1:
-                        waits.append((entry, replica, result.last_offset + 1, replica.leader_epoch))
+                        waits.append((entry, replica, result.last_offset + 1, replica.leader_term))
                 except BrokerError as exc:
                     entry.update(error_code=exc.code, error_message=str(exc))
                     log.info("produce to %s-%d refused: %s: %s", topic.name, pd.index, exc.code.name, exc)
                 parts.append(entry)
             responses.append({"name": topic.name, "partition_responses": parts})
-        for entry, replica, required, epoch in waits:
-            code = await self.replicas.wait_replicated(replica, required, epoch, deadline)
+        for entry, replica, required, term in waits:
+            code = await self.replicas.wait_replicated(replica, required, term, deadline)
             if code != ErrorCode.none:
                 entry.update(error_code=code, error_message=f"offsets below {required} of {replica.name}: "
                              f"{code.name} (isr {list(replica.isr)}, high watermark {replica.log.high_watermark})")
@@ -300,7 +300,24 @@ class Handlers:
 
     # -- Fetch ----------------------------------------------------------------------
 
-    def _fetch_once(self, body, max_bytes_left: int, replica_id: int) -> tuple[list[dict], int]:
+    def _fetch_replica(self, topic: str, p, replica_id: int, version: int):
+        """The replica a fetch reads, or the error Kafka answers (Partition.fetchRecords): a
+        follower's fetch must come to the leader from a replica of the partition; a consumer's may
+        be served by a follower from fetch v11 on (KIP-392), up to that follower's high watermark."""
+        epoch = getattr(p, "current_leader_epoch", -1)
+        if replica_id < 0 and version >= 11:
+            replica = self.replicas.readable_replica(topic, p.partition, epoch)
+        else:
+            replica = self.replicas.leader_replica(topic, p.partition, epoch)
+        if replica_id >= 0:
+            self.replicas.check_follower(replica, replica_id, epoch)
+        return replica
+
+    def _fetch_once(self, body, max_bytes_left: int, replica_id: int, version: int,
+                    followers_seen: list | None = None) -> tuple[list[dict], int]:
+        """One read of every partition a fetch names. A follower's fetch that reads its partition
+        (`followers_seen` given, the first read only) is then counted as that follower's progress,
+        after the read, as Kafka does: the high watermark it is answered is the one from before."""
         responses = []
         total = 0
         first = True
@@ -311,8 +328,7 @@ class Handlers:
                                          "last_stable_offset": -1, "log_start_offset": -1,
                                          "aborted_transactions": None, "records": b""}
                 try:
-                    replica = self.replicas.leader_replica(topic.topic, p.partition,
-                                                           getattr(p, "current_leader_epoch", -1))
+                    replica = self._fetch_replica(topic.topic, p, replica_id, version)
                 except BrokerError as exc:
                     entry["error_code"] = exc.code
                     parts.append(entry)
@@ -322,6 +338,7 @@ class Handlers:
                 entry.update(high_watermark=hw, last_stable_offset=hw, log_start_offset=plog.log_start_offset)
                 if not plog.log_start_offset <= p.fetch_offset <= plog.log_end_offset:
                     # A consumer told this resets its position (auto.offset.reset): worth a line in the log.
+                    # A follower told this is not counted as caught up (Kafka reads before it updates).
                     log.warning("%s: fetch at offset %d by %s is out of range (log %d..%d, high watermark %d, "
                                 "epoch %d)", replica.name, p.fetch_offset,
                                 f"broker {replica_id}" if replica_id >= 0 else "a consumer",
@@ -338,6 +355,8 @@ class Handlers:
                 total += len(data)
                 entry.update(error_code=ErrorCode.none, records=data)
                 parts.append(entry)
+                if followers_seen is not None:
+                    followers_seen.append((replica, p.fetch_offset))
             responses.append({"topic": topic.topic, "partitions": parts})
         return responses, total
 
@@ -352,17 +371,13 @@ class Handlers:
             error = ErrorCode.fetch_session_id_not_found
             return {"throttle_time": 0, "error_code": error, "session_id": 0, "responses": []}
         replica_id = getattr(body, "replica_id", -1)
-        if replica_id >= 0:
-            for topic in body.topics:
-                for p in topic.partitions:
-                    try:
-                        replica = self.replicas.leader_replica(topic.topic, p.partition,
-                                                               getattr(p, "current_leader_epoch", -1))
-                        self.replicas.follower_fetched(replica, replica_id, p.fetch_offset)
-                    except BrokerError:
-                        pass  # answered per partition below
+        seen: list | None = [] if replica_id >= 0 else None
         while True:
-            responses, total = self._fetch_once(body, body.max_bytes, replica_id)
+            responses, total = self._fetch_once(body, body.max_bytes, replica_id, request.version, seen)
+            if seen:
+                for replica, offset in seen:
+                    self.replicas.follower_fetched(replica, replica_id, offset)
+            seen = None
             remaining = deadline - time.monotonic()
             # As Kafka's delayed fetch, a partition error answers at once: waiting cannot fix it,
             # and a follower must learn of a leader change without sitting out its whole wait.
@@ -387,20 +402,33 @@ class Handlers:
                     plog = replica.log
                     entry["error_code"] = ErrorCode.none
                     entry["leader_epoch"] = replica.leader_epoch
+                    client = replica_id < 0
+                    fetchable = plog.high_watermark if client else plog.log_end_offset
+                    # KIP-207, as Kafka 3.9's fetchOffsetForTimestamp: a new leader whose high
+                    # watermark has not yet reached the start of its epoch cannot say what is
+                    # committed, so a client asking for the latest offset (or one beyond the
+                    # high watermark) is told OFFSET_NOT_AVAILABLE and retries.
+                    epoch_start = next((o for e, o in plog.epochs.entries if e == replica.leader_epoch), None)
+                    lagging = client and epoch_start is not None and epoch_start > plog.high_watermark
+                    not_available = BrokerError(
+                        ErrorCode.offset_not_available,
+                        f"{replica.name}: the high watermark {plog.high_watermark} has not reached the start "
+                        f"{epoch_start} of leader epoch {replica.leader_epoch}")
                     if p.timestamp == EARLIEST:
                         entry["offset"] = plog.log_start_offset
                     elif p.timestamp == LATEST:
-                        entry["offset"] = plog.log_end_offset if replica_id >= 0 else plog.high_watermark
-                    elif p.timestamp == MAX_TIMESTAMP:
-                        found = plog.max_timestamp()
-                        if found:
-                            entry["offset"], entry["timestamp"] = found
-                    elif p.timestamp < 0:
+                        if lagging:
+                            raise not_available
+                        entry["offset"] = fetchable
+                    elif p.timestamp < 0 and p.timestamp != MAX_TIMESTAMP:
                         raise BrokerError(ErrorCode.invalid_request, f"timestamp {p.timestamp} is not a known special value")
                     else:
-                        found = plog.offset_for_timestamp(p.timestamp)
-                        if found:
+                        found = (plog.max_timestamp() if p.timestamp == MAX_TIMESTAMP
+                                 else plog.offset_for_timestamp(p.timestamp))
+                        if found and found[0] < fetchable:
                             entry["offset"], entry["timestamp"] = found
+                        elif lagging:
+                            raise not_available
                 except BrokerError as exc:
                     entry["error_code"] = exc.code
                 parts.append(entry)

@@ -219,7 +219,7 @@ class PartitionLog:
         self.producers = ProducerStateTable()
         self.recovery_point = recovery_point
         self.unflushed_messages = 0
-        self.first_unflushed_time: float | None = None
+        self.last_flush_time = time.monotonic()
         self.leader_epoch = 0
         # True while this log's replica set is itself alone (standalone, or an ISR of one):
         # an append then moves the high watermark at once.
@@ -314,8 +314,6 @@ class PartitionLog:
         seg.append(batch, header)
         self.producers.record(header)
         self.unflushed_messages += header.record_count
-        if self.first_unflushed_time is None:
-            self.first_unflushed_time = time.monotonic()
         if self.unflushed_messages >= self.config["log.flush.interval.messages"]:
             self.flush()
 
@@ -332,8 +330,9 @@ class PartitionLog:
         if found is not None:
             position, header = found
             seg.truncate(position, header.base_offset)
+        # Before the rescan, which keeps checkpointed epochs that start at or below the log end.
+        self.epochs.truncate_from_end(self.log_end_offset)
         self._scan_state()
-        self.epochs.truncate_from_end(self.log_end_offset + 1)
         self.high_watermark = min(self.high_watermark, self.log_end_offset)
         self.recovery_point = min(self.recovery_point, self.log_end_offset)
         log.info("truncated %s to offset %d", self.directory.name, self.log_end_offset)
@@ -365,15 +364,14 @@ class PartitionLog:
             self._directory_dirty = False
         self.recovery_point = self.log_end_offset
         self.unflushed_messages = 0
-        self.first_unflushed_time = None
+        self.last_flush_time = time.monotonic()
 
     def flush_due(self, now: float) -> bool:
-        interval = self.config["log.flush.interval.ms"]
-        return (
-            interval is not None
-            and self.first_unflushed_time is not None
-            and (now - self.first_unflushed_time) * 1000 >= interval
-        )
+        """Whether the time-based flusher should fsync this log now. As Kafka's LogManager
+        (flushDirtyLogs): once `log.flush.interval.ms` (unset: `log.flush.scheduler.interval.ms`)
+        has passed since the last flush, and only when something was appended since."""
+        interval = self.config["log.flush.interval.ms"] or self.config["log.flush.scheduler.interval.ms"]
+        return self.unflushed_messages > 0 and (now - self.last_flush_time) * 1000 >= interval
 
     def close(self) -> None:
         for seg in self.segments:

@@ -145,18 +145,32 @@ class MetadataWatch:
 
     def _become_leader(self, r: Replica, st) -> None:
         self._stop_fetcher(r)
+        new_leader = r.role != LEADER
         r.role, r.leader, r.leader_epoch = LEADER, self.me, st.leader_epoch
         r.isr, r.zk_version = st.isr, st.version
         r.log.leader_epoch = st.leader_epoch
         r.log.epochs.assign(st.leader_epoch, r.log.log_end_offset)
+        # As Kafka's Replica.resetReplicaState: an in-sync follower counts as caught up now, any
+        # other not at all (so it does not hold the high watermark back); a new leader knows no
+        # follower's log end yet, a re-elected one keeps what the fetches told it.
         now = time.monotonic()
-        r.followers = {b: FollowerProgress(last_caught_up=now) for b in r.replicas if b != self.me}
+        followers = {}
+        for b in r.replicas:
+            if b == self.me:
+                continue
+            known = r.followers.get(b) if not new_leader else None
+            progress = known or FollowerProgress()
+            progress.last_caught_up = now if b in st.isr else 0.0
+            followers[b] = progress
+        r.followers = followers
         log.info("%s: now the leader at epoch %d (isr %s, log end %d, high watermark %d)", r.name,
                  st.leader_epoch, list(st.isr), r.log.log_end_offset, r.log.high_watermark)
         self._advance_hw(r)
 
     def _become_follower(self, r: Replica, st) -> None:
         self._stop_fetcher(r)
+        if r.role == LEADER:
+            r.leader_term += 1
         r.role, r.leader, r.leader_epoch = FOLLOWER, st.leader, st.leader_epoch
         r.log.leader_epoch = st.leader_epoch
         r.followers = {}
@@ -167,6 +181,8 @@ class MetadataWatch:
     def _become_offline(self, r: Replica, st) -> None:
         self._stop_fetcher(r)
         was = r.role
+        if was == LEADER:
+            r.leader_term += 1
         r.role, r.leader, r.leader_epoch = OFFLINE, st.leader, st.leader_epoch
         r.followers = {}
         if was != OFFLINE:

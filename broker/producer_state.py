@@ -6,7 +6,9 @@ batch: append it, answer it as a duplicate with the offset it got the first
 time, or refuse it with Kafka's error.
 
 As in Kafka, the last five batches of every producer are remembered, so a
-retried batch among them is acknowledged again without a second append. The
+retried batch among them is acknowledged again without a second append. A
+producer with no state here may begin at any sequence (KIP-360); a known one
+must go on from its last sequence, or start a new epoch at 0. The
 table holds nothing that the log does not: a restarted broker rebuilds it by
 replaying the batch headers of its log.
 """
@@ -73,11 +75,8 @@ class ProducerStateTable:
             )
         entry = self.producers.get(pid)
         if entry is None:
-            if first != 0:
-                raise ProducerStateError(
-                    ErrorCode.out_of_order_sequence_number,
-                    f"producer {pid} is unknown here and its first batch starts at sequence {first}, not 0",
-                )
+            # KIP-360, as Kafka 3.9 (ProducerAppendInfo.checkSequence): a producer this partition
+            # holds no state for (new, or its batches all truncated away) may start at any sequence.
             return None
         if epoch < entry.epoch:
             raise ProducerStateError(

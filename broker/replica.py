@@ -2,8 +2,8 @@
 
 In: the partition's log and its replica assignment, then updates from the metadata watcher, the
 leader's duties and the follower's fetcher. Out: `Replica`, the record those modules share (role,
-leader and leader epoch, ISR, ZooKeeper version of the partition state, the leader's view of each
-follower, the running fetcher); `FollowerProgress`, what a leader knows of one follower from its
+leader and leader epoch, ISR and the change of it being written, ZooKeeper version of the partition
+state, the leader's view of each follower, the running fetcher); `FollowerProgress`, what a leader knows of one follower from its
 fetches; and the role names `LEADER`, `FOLLOWER`, `OFFLINE`.
 """
 
@@ -25,6 +25,10 @@ class FollowerProgress:
     last_fetch_time: float = 0.0
     last_fetch_leader_leo: int = -1
 
+    def caught_up(self, leader_leo: int, now: float, lag_s: float) -> bool:
+        """Kafka's ReplicaState.isCaughtUp: at the leader's log end, or there within the lag."""
+        return self.leo == leader_leo or now - self.last_caught_up <= lag_s
+
 
 @dataclass
 class Replica:
@@ -42,7 +46,23 @@ class Replica:
     followers: dict[int, FollowerProgress] = field(default_factory=dict)
     generation: int = 0  # bumped at every role change; a fetcher of an older one stops
     fetcher: asyncio.Task | None = None
-    isr_update_pending: bool = False
+    # The ISR being written to ZooKeeper, until the write ends (Kafka's pending AlterPartition).
+    pending_isr: tuple[int, ...] | None = None
+    # Bumped whenever this broker stops leading the partition: an acks=all wait begun in an
+    # earlier term fails, one that saw only leader-epoch bumps with this broker leading goes on.
+    leader_term: int = 0
+
+    @property
+    def isr_update_pending(self) -> bool:
+        return self.pending_isr is not None
+
+    @property
+    def maximal_isr(self) -> tuple[int, ...]:
+        """The committed ISR plus any replica a pending change adds (KIP-497, Kafka's "maximal
+        ISR"): the high watermark and acks=all count a joining replica before ZooKeeper says so."""
+        if self.pending_isr is None:
+            return self.isr
+        return self.isr + tuple(b for b in self.pending_isr if b not in self.isr)
 
     @property
     def name(self) -> str:

@@ -88,13 +88,13 @@ class BrokerServer:
         log.info("shut down cleanly: all partitions flushed, recovery checkpoint written")
 
     async def _flusher(self) -> None:
-        interval_ms = self.config["log.flush.interval.ms"]
-        tick_ms = min(self.config["log.flush.scheduler.interval.ms"], interval_ms or 2**62)
-        if interval_ms is None and tick_ms >= 2**62:
+        # As Kafka's LogManager: the time-based flusher wakes every log.flush.scheduler.interval.ms
+        # (by default never), whatever log.flush.interval.ms says.
+        tick_ms = self.config["log.flush.scheduler.interval.ms"]
+        if tick_ms >= 2**62:
             return
-        tick = max(tick_ms / 1000, 0.001)
         while True:
-            await asyncio.sleep(min(tick, 1.0))
+            await asyncio.sleep(max(tick_ms / 1000, 0.001))
             self.state.flush_due()
 
     # -- connections -------------------------------------------------------------------

@@ -63,6 +63,7 @@ def test_defaults_are_kafkas(tmp_path):
         "controlled.shutdown.max.retries": 3,
         "controlled.shutdown.retry.backoff.ms": 5000,
         "faultline.truncation": "leader-epoch",
+        "faultline.high.watermark.below.min.isr": False,
     }
     assert config.values == expected
     for name, value in expected.items():

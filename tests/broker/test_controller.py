@@ -73,9 +73,11 @@ def test_a_restarted_sole_isr_member_is_elected_again_with_a_new_epoch():
     assert (change.state.leader, change.state.leader_epoch, change.state.isr) == (1, 3, (1,))
 
 
-def test_a_restarted_follower_leaves_the_isr_and_the_leader_stays():
+def test_a_restarted_follower_leaves_the_isr_and_the_leader_stays_at_a_new_epoch():
+    # Kafka 3.9's ZooKeeper controller bumps the leader epoch when it shrinks an ISR
+    # (ReplicaStateMachine.doRemoveReplicasFromIsr, LeaderAndIsr.newLeaderAndIsr).
     change = only_change(snapshot({1: 10, 2: 300, 3: 12}, state(1, 2, [1, 2, 3])))
-    assert (change.state.leader, change.state.leader_epoch, change.state.isr) == (1, 2, (1, 3))
+    assert (change.state.leader, change.state.leader_epoch, change.state.isr) == (1, 3, (1, 3))
 
 
 def test_controlled_shutdown_moves_leadership_only_when_another_isr_member_can_take_it():
@@ -102,8 +104,8 @@ def test_elections_never_pick_a_dead_broker_or_an_out_of_sync_one_unless_unclean
     if new.leader != -1:
         assert new.leader in live, "a leader must be alive"
         assert new.leader in new.isr
+        assert new.leader_epoch == before.leader_epoch + 1, "every controller change is a new leader epoch"
         if new.leader != before.leader:
-            assert new.leader_epoch == before.leader_epoch + 1
             assert new.leader in before.isr or (unclean and new.isr == (new.leader,))
         assert set(new.isr) <= set(before.isr) | {new.leader}
         assert all(b in live for b in new.isr)
@@ -118,17 +120,34 @@ def test_replicas_spread_leaders_evenly_and_never_repeat_a_broker():
 
 
 def test_epoch_cache_answers_as_offset_for_leader_epoch_does(tmp_path):
+    # Kafka 3.9, LeaderEpochFileCache.endOffsetFor.
     cache = LeaderEpochCache(tmp_path)
-    for epoch, start in [(0, 0), (2, 10), (5, 30)]:
+    for epoch, start in [(2, 10), (4, 20), (5, 30)]:
         assert cache.assign(epoch, start)
     assert not cache.assign(5, 31), "the same epoch is not recorded twice"
-    assert cache.end_offset_for(5, log_end=40) == (5, 40)
-    assert cache.end_offset_for(2, log_end=40) == (2, 30)
-    assert cache.end_offset_for(3, log_end=40) == (2, 30), "an unknown epoch: the largest one below it"
-    assert cache.end_offset_for(0, log_end=40) == (0, 10)
-    assert cache.end_offset_for(9, log_end=40) == (5, 40)
-    # It survives a restart, and truncation drops epochs that began beyond the new end.
+    assert cache.end_offset_for(5, log_end=40) == (5, 40), "the latest epoch ends at the log end"
+    assert cache.end_offset_for(2, log_end=40) == (2, 20)
+    assert cache.end_offset_for(3, log_end=40) == (2, 20), "an unknown epoch: the largest one below it"
+    assert cache.end_offset_for(1, log_end=40) == (1, 10), \
+        "older than every known epoch: answered as asked, ending where the first known one starts"
+    assert cache.end_offset_for(9, log_end=40) == (-1, -1), "newer than every known epoch"
+    assert cache.end_offset_for(-1, log_end=40) == (-1, -1)
+    # It survives a restart, and truncation drops epochs that begin at or beyond the new end.
     reopened = LeaderEpochCache(tmp_path)
-    assert reopened.entries == [(0, 0), (2, 10), (5, 30)]
+    assert reopened.entries == [(2, 10), (4, 20), (5, 30)]
     reopened.truncate_from_end(30)
-    assert LeaderEpochCache(tmp_path).entries == [(0, 0), (2, 10)]
+    assert LeaderEpochCache(tmp_path).entries == [(2, 10), (4, 20)]
+
+
+def test_the_newest_epoch_assignment_replaces_what_it_contradicts(tmp_path):
+    # Kafka 3.9, LeaderEpochFileCache.assign: entries whose epoch is not older, or whose start is
+    # not earlier, than the new one go (a follower taking the leader's history of older epochs).
+    cache = LeaderEpochCache(tmp_path)
+    for epoch, start in [(0, 0), (2, 10), (5, 30)]:
+        cache.assign(epoch, start)
+    assert cache.assign(3, 10)
+    assert cache.entries == [(0, 0), (3, 10)]
+    assert cache.assign(4, 10), "an epoch in which nothing was written is replaced by the next"
+    assert cache.entries == [(0, 0), (4, 10)]
+    assert cache.assign(4, 5), "the same epoch from an earlier offset moves its start"
+    assert LeaderEpochCache(tmp_path).entries == [(0, 0), (4, 5)]

@@ -170,12 +170,17 @@ def test_a_sequence_gap_or_overlap_is_out_of_order(data_dir, first, n):
 
 
 @pytest.mark.parametrize("first", [1, 5, SEQ_MOD - 1])
-def test_an_unknown_producer_must_start_at_sequence_zero(data_dir, first):
+def test_an_unknown_producer_may_start_at_any_sequence_as_kip_360_allows(data_dir, first):
+    # Kafka 3.9 (ProducerAppendInfo.checkSequence): no state for the producer, so any first
+    # sequence is taken; from then on the producer is known and must go on in sequence, and a
+    # new epoch must start at 0.
     state, plog = one_partition(data_dir)
     pid = state.allocate_producer_id()
-    refuse(state, plog, pbatch(pid, 0, first), OUT_OF_ORDER)
+    assert appended(state, plog, pbatch(pid, 0, first)) == (0, 0)
+    refuse(state, plog, pbatch(pid, 0, (first + 2) % SEQ_MOD), OUT_OF_ORDER)
+    assert appended(state, plog, pbatch(pid, 0, (first + 1) % SEQ_MOD)) == (1, 1)
     refuse(state, plog, pbatch(pid, 3, first), OUT_OF_ORDER)
-    assert appended(state, plog, pbatch(pid, 3, 0)) == (0, 0)
+    assert appended(state, plog, pbatch(pid, 3, 0)) == (2, 2)
     state.shutdown()
 
 
@@ -422,7 +427,7 @@ class ProducerTableMachine(RuleBasedStateMachine):
     def expected(self, pid, epoch, first, count):
         last = (first + count - 1) % SEQ_MOD
         if pid not in self.model:
-            return ("append",) if first == 0 else ("refuse", OUT_OF_ORDER)
+            return ("append",)  # KIP-360: no state here, any first sequence
         current, batches = self.model[pid]
         if epoch < current:
             return ("refuse", FENCED)

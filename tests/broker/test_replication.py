@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import datetime
 import time
 
 import pytest
 from confluent_kafka.admin import AdminClient
 from kio.schema.errors import ErrorCode
+from kio.schema.fetch.v10 import request as fetch_v10_req
 from kio.schema.list_offsets.v7 import request as lo_req
 
 from faultline.broker.records import decode_records, encode_batch, iter_headers
@@ -52,14 +54,27 @@ def test_replicas_hold_byte_identical_logs_and_metadata_names_leaders_and_isr(cl
     assert leaders == [1, 2, 3], "preferred leaders spread over the brokers"
 
 
-def test_a_broker_that_does_not_lead_answers_not_leader_or_follower(cluster_factory):
+def test_a_broker_that_does_not_lead_refuses_produce_and_old_fetches_and_serves_fetch_v11_up_to_its_hw(
+        cluster_factory):
+    # Kafka 3.9: a follower refuses produce and a consumer fetch below v11 with
+    # NOT_LEADER_OR_FOLLOWER, and serves fetch v11+ (KIP-392) up to its own high watermark.
     cluster = cluster_factory()
     cluster.create_topic("n", 1, 3)
     follower = followers(cluster, "n", 0)[0]
+    produce(cluster.producer(), "n", 0, ["a", "b", "c"])
     with wire(cluster, follower) as client:
         resp = part_response(client.request(produce_req("n", 0, encode_batch([(None, b"x")]))))
         assert resp.error_code == ErrorCode.not_leader_or_follower
-        assert fetch(client, "n", 0).error_code == ErrorCode.not_leader_or_follower
+        old = fetch_v10_req.FetchRequest(
+            max_wait=datetime.timedelta(0), min_bytes=0, max_bytes=1 << 20,
+            topics=(fetch_v10_req.FetchTopic(topic="n", partitions=(
+                fetch_v10_req.FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=1 << 20),)),),
+            forgotten_topics_data=())
+        assert client.request(old).responses[0].partitions[0].error_code == ErrorCode.not_leader_or_follower
+        wait_until(lambda: fetch(client, "n", 0).high_watermark == 3, 10, "the follower's high watermark reaches 3")
+        served = fetch(client, "n", 0)
+        assert served.error_code == ErrorCode.none
+        assert values(served.records) == [b"a", b"b", b"c"]
 
 
 def test_isr_shrinks_when_a_follower_stalls_and_expands_when_it_catches_up(cluster_factory):
