@@ -1,0 +1,164 @@
+"""Kafka 3.9 in ZooKeeper mode and the reference broker, side by side, for differential tests.
+
+In: which system (`"kafka"` or `"reference"`) and the broker settings both clusters share. Out: a
+`Side`: three broker nodes and one ZooKeeper node in network namespaces, set up through the db layer
+`faultline run` uses (Kafka 3.9.1 from its jars; `faultline broker`), with what a scripted scenario
+needs: the partition state both keep at the same ZooKeeper path, raw Kafka requests to any broker
+(`tests.wire`), kills, restarts, pauses and links cut between two nodes (iptables), and the nodes of
+a partition named by role (`leader`, `f1`, `f2`: followers in assignment order), so that answers
+from two clusters, whose brokers lead different partitions, compare as equals.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import secrets
+import shutil
+import tempfile
+from pathlib import Path
+
+from kazoo.client import KazooClient
+from kio.schema.errors import ErrorCode
+from kio.schema.fetch.v12 import request as fetch_req
+from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
+from kio.schema.offset_for_leader_epoch.v4 import request as ofle
+from kio.schema.produce.v9 import request as pr_req
+
+from faultline.control.local_cluster import LocalCluster
+from faultline.control.net import Net
+from faultline.control.wait import wait_until
+from faultline.db.core import create_topics
+from faultline.runner import testmap
+from faultline.runner.cli import _spec_from_args, build_parser
+from tests.wire import WireClient
+
+KAFKA_VERSION = "3.9.1"
+PORT = 9092
+
+
+class Side:
+    """One three-broker cluster of one system, with ZooKeeper on a node of its own."""
+
+    def __init__(self, system: str, settings: dict[str, str]):
+        argv = ["run", "--nodes", "3", "--replication-factor", "3"]
+        if system == "kafka":
+            argv += ["--db", "kafka", "--kafka-version", KAFKA_VERSION, "--kafka-mode", "zookeeper"]
+        for key, value in settings.items():
+            argv += ["--broker-set", f"{key}={value}"]
+        self.system = system
+        self.spec = _spec_from_args(build_parser().parse_args(argv))
+        nodes, support = testmap.node_names(self.spec)
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"faultline-diff-{system}-"))
+        self.cluster = LocalCluster.create(secrets.token_hex(3), nodes + support, self.workdir)
+        try:
+            self.db = testmap.db_class(self.spec)(self.spec, self.cluster.remotes, self.workdir)
+            self.net = Net(self.cluster.remotes)
+            self.db.setup()
+            self.zk = KazooClient(hosts=self.db.zookeeper_connect)
+            self.zk.start(15)
+        except BaseException:
+            self.cluster.destroy()
+            raise
+        self.ids = {node: i + 1 for i, node in enumerate(self.db.nodes)}
+
+    def close(self, store: Path | None = None) -> None:
+        try:
+            self.net.heal()
+            for node in self.db.nodes:
+                if self.db.running(node):
+                    self.db.resume(node)
+            self.zk.stop()
+            self.zk.close()
+            self.db.teardown(store or self.workdir / "store")
+        finally:
+            self.cluster.destroy()
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    # -- the partition, from ZooKeeper ---------------------------------------------------------
+
+    def create_topic(self, topic: str, replication_factor: int = 3) -> None:
+        create_topics([topic], 1, replication_factor, self.db.bootstrap)
+        wait_until(lambda: len(self.state(topic)["isr"]) == replication_factor, 30,
+                   f"{self.system}: every replica of {topic}-0 in sync")
+
+    def state(self, topic: str) -> dict:
+        return json.loads(self.zk.get(f"/brokers/topics/{topic}/partitions/0/state")[0])
+
+    def controller(self) -> int | None:
+        if not self.zk.exists("/controller"):
+            return None
+        return json.loads(self.zk.get("/controller")[0])["brokerid"]
+
+    def roles(self, topic: str) -> dict[str, str]:
+        """Role -> node: the leader now, and the other replicas in assignment order."""
+        assignment = json.loads(self.zk.get(f"/brokers/topics/{topic}")[0])["partitions"]["0"]
+        leader = self.state(topic)["leader"]
+        node_of = {i: n for n, i in self.ids.items()}
+        followers = [b for b in assignment if b != leader]
+        return {"leader": node_of[leader], **{f"f{i + 1}": node_of[b] for i, b in enumerate(followers)}}
+
+    def isr_roles(self, topic: str, roles: dict[str, str]) -> list[str]:
+        role_of = {self.ids[node]: role for role, node in roles.items()}
+        return sorted(role_of[b] for b in self.state(topic)["isr"])
+
+    def wait_isr(self, topic: str, roles: dict[str, str], expected: list[str], timeout: float = 40) -> None:
+        wait_until(lambda: self.isr_roles(topic, roles) == sorted(expected), timeout,
+                   f"{self.system}: the ISR of {topic}-0 did not become {sorted(expected)} "
+                   f"(it is {self.isr_roles(topic, roles)})")
+
+    # -- requests --------------------------------------------------------------------------------
+
+    def client(self, node: str, timeout: float = 30) -> WireClient:
+        return WireClient(self.cluster.remotes[node].address, PORT, timeout=timeout)
+
+    def broker_id(self, node: str) -> int:
+        return self.ids[node]
+
+
+# -- raw requests both systems answer ----------------------------------------------------------------
+
+
+def produce(client: WireClient, topic: str, batch: bytes, acks: int = -1, timeout_s: float = 10):
+    """(error code, base offset) of one batch produced to partition 0."""
+    resp = client.request(pr_req.ProduceRequest(
+        acks=acks, timeout=datetime.timedelta(seconds=timeout_s),
+        topic_data=(pr_req.TopicProduceData(name=topic, partition_data=(
+            pr_req.PartitionProduceData(index=0, records=batch),)),)))
+    part = resp.responses[0].partition_responses[0]
+    return part.error_code, part.base_offset
+
+
+def fetch(client: WireClient, topic: str, offset: int, replica_id: int = -1, epoch: int = -1):
+    """One fetch of partition 0 (v12), by a consumer or, with `replica_id`, as that follower."""
+    req = fetch_req.FetchRequest(
+        replica_id=replica_id, max_wait=datetime.timedelta(0), min_bytes=0, max_bytes=1 << 20,
+        topics=(fetch_req.FetchTopic(topic=topic, partitions=(
+            fetch_req.FetchPartition(partition=0, fetch_offset=offset, partition_max_bytes=1 << 20,
+                                     current_leader_epoch=epoch),)),),
+        forgotten_topics_data=())
+    return client.request(req).responses[0].partitions[0]
+
+
+def offset_for_leader_epoch(client: WireClient, topic: str, epoch: int) -> tuple[str, int, int]:
+    """(error, epoch, end offset) a consumer is told for `epoch` of partition 0."""
+    resp = client.request(ofle.OffsetForLeaderEpochRequest(replica_id=-1, topics=(ofle.OffsetForLeaderTopic(
+        topic=topic, partitions=(ofle.OffsetForLeaderPartition(partition=0, leader_epoch=epoch),)),)))
+    part = resp.topics[0].partitions[0]
+    return part.error_code.name, part.leader_epoch, part.end_offset
+
+
+def init_producer_id(client: WireClient) -> tuple[int, int]:
+    """A producer id and epoch for an idempotent producer. Kafka's first answer may be
+    COORDINATOR_LOAD_IN_PROGRESS while its broker fetches a block of ids from the controller."""
+    answers = []
+
+    def given() -> bool:
+        resp = client.request(InitProducerIdRequest(transactional_id=None,
+                                                    transaction_timeout=datetime.timedelta(seconds=60),
+                                                    producer_id=-1, producer_epoch=-1))
+        answers.append(resp)
+        return resp.error_code == ErrorCode.none
+
+    wait_until(given, 30, "InitProducerId answered a producer id")
+    return answers[-1].producer_id, answers[-1].producer_epoch
