@@ -16,15 +16,16 @@ What Kafka's documentation promises, and which setting withdraws each promise:
 - durable-commits: a record is committed once every in-sync replica has it; the high watermark marks
   the committed prefix and consumers read only below it; "a committed message will not be lost, as
   long as there is at least one in sync replica alive". Nothing the producer sets changes this: acks
-  decides when a send is acknowledged, not when a record is committed, and min.insync.replicas only
-  refuses acks=all sends while the ISR is small, it does not hold the high watermark back (the ISR
-  can shrink to the leader alone whatever it says, and then the leader's log is the committed one).
+  decides when a send is acknowledged, not when a record is committed. (min.insync.replicas refuses
+  acks=all sends while the ISR is small and, since Kafka 3.7, holds the high watermark back then;
+  before, and with `faultline.high.watermark.below.min.isr=true`, the ISR could be the leader alone
+  and its log the committed one. Either way no out-of-sync replica is elected cleanly.)
   So a read that the cluster later discards (uncommitted-read), readers that disagree on an offset
   (inconsistent-offsets), and a consumer thrown off its position by a log cut below it are bugs,
   except where the settings let committed records go: `unclean.leader.election.enable=true` (an
   out-of-sync replica becomes leader and the others truncate to its log),
   `faultline.truncation=high-watermark` (the pre-KIP-101 truncation, which can lose or diverge
-  committed records), and a power-loss nemesis without `log.flush.interval.messages=1` (power loss
+  committed records) or `=leader-epoch-once` (KIP-101 without KIP-279's repeated question), and a power-loss nemesis without `log.flush.interval.messages=1` (power loss
   drops what was not fsynced, committed or not, from every replica it hits).
 - consumer-order: a consumer under assign reads on from its position. Withdrawn under subscribe: a
   rebalance moves it.
@@ -272,6 +273,10 @@ def model_for_settings(producer: Mapping[str, Any], consumer_mode: str = "assign
     if truncation == "high-watermark":
         commits.append(("faultline.truncation=high-watermark: a follower truncates to its own high watermark "
                         "(before KIP-101), which can lose or diverge committed records", True))
+    elif truncation == "leader-epoch-once":
+        commits.append(("faultline.truncation=leader-epoch-once: a follower asks the leader where to truncate "
+                        "only once (KIP-101 before KIP-279), which repeated fast leader changes can leave "
+                        "diverged", True))
     if power and flush > 1:
         setting = "unset" if flush == LONG_MAX else str(flush)
         commits.append((f"{', '.join(power)} with log.flush.interval.messages {setting}: power loss drops what "

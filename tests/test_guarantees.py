@@ -205,7 +205,7 @@ settings_strategy = st.fixed_dictionaries({
     "broker": st.fixed_dictionaries({}, optional={
         "min.insync.replicas": st.sampled_from(["1", "2", "3"]),
         "unclean.leader.election.enable": st.sampled_from(["true", "false"]),
-        "faultline.truncation": st.sampled_from(["leader-epoch", "high-watermark"]),
+        "faultline.truncation": st.sampled_from(["leader-epoch", "leader-epoch-once", "high-watermark"]),
         "log.flush.interval.messages": st.sampled_from(["1", "1000"]),
     }),
     "nemesis": st.lists(st.sampled_from(["kill", "kill-leader", "pause", "partition", "clock", "power-loss",
@@ -239,6 +239,7 @@ def test_every_derived_model_judges_every_type_and_says_why(s):
 @given(s=settings_strategy, fault=st.sampled_from(["kill", "power-loss", "partition"]),
        setting=st.sampled_from([("unclean.leader.election.enable", "true"), ("min.insync.replicas", "1"),
                                 ("faultline.truncation", "high-watermark"),
+                                ("faultline.truncation", "leader-epoch-once"),
                                 ("log.flush.interval.messages", "1000")]))
 def test_a_fault_or_a_weaker_setting_never_forbids_more(s, fault, setting):
     weaker = {**s, "nemesis": sorted(set(s["nemesis"]) | {fault}), "broker": {**s["broker"], setting[0]: setting[1]}}
