@@ -14,6 +14,7 @@ import struct
 
 from kio.index import load_response_schema
 from kio.schema.fetch.v12 import request as fetch_req
+from kio.schema.offset_for_leader_epoch.v4 import request as ofle
 from kio.schema.produce.v9 import request as pr_req
 from kio.serial import entity_reader
 
@@ -97,6 +98,14 @@ def fetch(client: WireClient, topic: str, offset: int, max_wait_ms=0, min_bytes=
         forgotten_topics_data=(),
     )
     return client.request(req).responses[0].partitions[0]
+
+
+def offset_for_leader_epoch(client: WireClient, topic: str, epoch: int, partition: int = 0) -> tuple[str, int, int]:
+    """(error name, epoch, end offset) a consumer is told for `epoch` of the partition."""
+    resp = client.request(ofle.OffsetForLeaderEpochRequest(replica_id=-1, topics=(ofle.OffsetForLeaderTopic(
+        topic=topic, partitions=(ofle.OffsetForLeaderPartition(partition=partition, leader_epoch=epoch),)),)))
+    part = resp.topics[0].partitions[0]
+    return part.error_code.name, part.leader_epoch, part.end_offset
 
 
 def part_response(resp):

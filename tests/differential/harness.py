@@ -22,7 +22,6 @@ from kazoo.client import KazooClient
 from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v12 import request as fetch_req
 from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
-from kio.schema.offset_for_leader_epoch.v4 import request as ofle
 from kio.schema.produce.v9 import request as pr_req
 
 from faultline.control.local_cluster import LocalCluster
@@ -66,7 +65,10 @@ class Side:
             raise
         self.ids = {node: i + 1 for i, node in enumerate(self.db.nodes)}
 
-    def close(self, store: Path | None = None) -> None:
+    def close(self) -> Path:
+        """Stop everything; the nodes' logs are kept in a folder of their own, whose path is returned
+        (and printed), for reading after a scenario that failed."""
+        logs = Path(tempfile.mkdtemp(prefix=f"faultline-diff-{self.system}-logs-"))
         try:
             self.net.heal()
             for node in self.db.nodes:
@@ -74,10 +76,12 @@ class Side:
                     self.db.resume(node)
             self.zk.stop()
             self.zk.close()
-            self.db.teardown(store or self.workdir / "store")
+            self.db.teardown(logs)
         finally:
             self.cluster.destroy()
             shutil.rmtree(self.workdir, ignore_errors=True)
+            print(f"{self.system}: the nodes' logs are in {logs}")
+        return logs
 
     # -- the partition, from ZooKeeper ---------------------------------------------------------
 
@@ -85,14 +89,17 @@ class Side:
         create_topics([topic], 1, replication_factor, self.db.bootstrap)
         wait_until(lambda: len(self.state(topic)["isr"]) == replication_factor, 30,
                    f"{self.system}: every replica of {topic}-0 in sync")
-        leader = self.roles(topic)["leader"]
+        self.wait_leading(self.roles(topic)["leader"], topic)
+
+    def wait_leading(self, node: str, topic: str) -> None:
+        """ZooKeeper says who leads before that broker has heard it (Kafka's LeaderAndIsr request):
+        wait until it serves the partition as its leader."""
 
         def serving() -> bool:
-            with self.client(leader) as client:
+            with self.client(node) as client:
                 return fetch(client, topic, 0).error_code == ErrorCode.none
 
-        # ZooKeeper says who leads before that broker has heard it (Kafka's LeaderAndIsr request).
-        wait_until(serving, 30, f"{self.system}: {leader} serves {topic}-0 as its leader")
+        wait_until(serving, 30, f"{self.system}: {node} serves {topic}-0 as its leader")
 
     def state(self, topic: str) -> dict:
         return json.loads(self.zk.get(f"/brokers/topics/{topic}/partitions/0/state")[0])
@@ -118,6 +125,15 @@ class Side:
         wait_until(lambda: self.isr_roles(topic, roles) == sorted(expected), timeout,
                    f"{self.system}: the ISR of {topic}-0 did not become {sorted(expected)} "
                    f"(it is {self.isr_roles(topic, roles)})")
+
+    def start(self, node: str) -> None:
+        """Start a killed broker once ZooKeeper has dropped its old registration: a Kafka broker
+        started while the session of its killed self still holds /brokers/ids/<id> exits at start-up
+        (NodeExistsException), so both systems are given the same wait."""
+        path = f"/brokers/ids/{self.ids[node]}"
+        wait_until(lambda: not self.zk.exists(path), 30,
+                   f"{self.system}: ZooKeeper dropped the registration of the killed {node}")
+        self.db.start(node)
 
     # -- requests --------------------------------------------------------------------------------
 
@@ -150,14 +166,6 @@ def fetch(client: WireClient, topic: str, offset: int, replica_id: int = -1, epo
                                      current_leader_epoch=epoch),)),),
         forgotten_topics_data=())
     return client.request(req).responses[0].partitions[0]
-
-
-def offset_for_leader_epoch(client: WireClient, topic: str, epoch: int) -> tuple[str, int, int]:
-    """(error, epoch, end offset) a consumer is told for `epoch` of partition 0."""
-    resp = client.request(ofle.OffsetForLeaderEpochRequest(replica_id=-1, topics=(ofle.OffsetForLeaderTopic(
-        topic=topic, partitions=(ofle.OffsetForLeaderPartition(partition=0, leader_epoch=epoch),)),)))
-    part = resp.topics[0].partitions[0]
-    return part.error_code.name, part.leader_epoch, part.end_offset
 
 
 def init_producer_id(client: WireClient) -> tuple[int, int]:

@@ -165,10 +165,10 @@ def test_cleanup_after_the_harness_is_killed_mid_partition(tmp_path):
         wait_until(partitioned, 120, "the run never partitioned its network")
         before = leftovers()
         assert len(before["namespaces"]) == 4, before  # n1..n3 and zk1
-        namespace = next(n.split()[0] for n in before["namespaces"] if n.split()[0].endswith("-n1"))
-        rules = subprocess.run(["ip", "netns", "exec", namespace, "iptables", "-S"], capture_output=True,
-                               text=True).stdout
-        assert "FAULTLINE" in rules
+        # Some node drops packets (not necessarily n1: a bridge node, for one, keeps both sides).
+        rules = [subprocess.run(["ip", "netns", "exec", n.split()[0], "iptables", "-S"], capture_output=True,
+                                text=True).stdout for n in before["namespaces"]]
+        assert any("FAULTLINE" in r for r in rules), rules
         assert len(before["mounts"]) >= 2, before  # the disks of the nodes that are powered on
         run.send_signal(signal.SIGKILL)
         run.wait(10)
@@ -180,6 +180,7 @@ def test_cleanup_after_the_harness_is_killed_mid_partition(tmp_path):
     finally:
         if run.poll() is None:
             run.kill()
+            run.wait(10)  # reaped: a harness that is still a process would make cleanup spare its run
         faultline("cleanup")
 
 
