@@ -219,6 +219,8 @@ class KafkaDB(ReferenceBrokerDB):
 
     def start(self, node: str) -> int:
         remote = self.remotes[node]
+        if not self.kraft and node in self.brokers:
+            self._wait_unregistered(node)
         if self.power_loss and remote.pid(DISK) is None:
             self.mount_disk(node)
         env = None
@@ -234,6 +236,17 @@ class KafkaDB(ReferenceBrokerDB):
         pid = remote.spawn(DAEMON, self.command(node), self.log_path(node), env=env)
         log.info("started Kafka %s (%s) on %s (pid %d)", self.node_ids[node], "+".join(self.roles(node)), node, pid)
         return pid
+
+    def _wait_unregistered(self, node: str) -> None:
+        """A ZooKeeper-mode broker started while the session of its killed self still holds
+        /brokers/ids/<id> exits at start-up (NodeExistsException): wait until ZooKeeper has ended
+        that session (zookeeper.session.timeout.ms after the kill)."""
+        path = f"/brokers/ids/{self.node_ids[node]}"
+        zk = self._cluster_view().zk
+        session_s = int(self.settings(node).get("zookeeper.session.timeout.ms", "6000")) / 1000
+        wait_until(lambda: not zk.exists(path), session_s + 15,
+                   f"ZooKeeper still holds {path}, the registration of the Kafka broker on {node} "
+                   f"before it was stopped; a broker started now would exit")
 
     def wait_ready(self, node: str, timeout: float = 60) -> None:
         host, port = self.remotes[node].address, self.port(node)
