@@ -57,6 +57,10 @@ class LeaderEpochCache:
     def latest_epoch(self) -> int:
         return self.entries[-1][0] if self.entries else UNDEFINED
 
+    def start_of(self, epoch: int) -> int | None:
+        """The offset at which `epoch` began here, or None when this cache holds no such epoch."""
+        return next((o for e, o in self.entries if e == epoch), None)
+
     def assign(self, epoch: int, start_offset: int) -> bool:
         """Record that `epoch` begins at `start_offset`; True if that changed the cache.
 

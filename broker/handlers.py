@@ -408,17 +408,13 @@ class Handlers:
                     # watermark has not yet reached the start of its epoch cannot say what is
                     # committed, so a client asking for the latest offset (or one beyond the
                     # high watermark) is told OFFSET_NOT_AVAILABLE and retries.
-                    epoch_start = next((o for e, o in plog.epochs.entries if e == replica.leader_epoch), None)
+                    epoch_start = plog.epochs.start_of(replica.leader_epoch)
                     lagging = client and epoch_start is not None and epoch_start > plog.high_watermark
-                    not_available = BrokerError(
-                        ErrorCode.offset_not_available,
-                        f"{replica.name}: the high watermark {plog.high_watermark} has not reached the start "
-                        f"{epoch_start} of leader epoch {replica.leader_epoch}")
                     if p.timestamp == EARLIEST:
                         entry["offset"] = plog.log_start_offset
                     elif p.timestamp == LATEST:
                         if lagging:
-                            raise not_available
+                            raise _not_available(replica, epoch_start)
                         entry["offset"] = fetchable
                     elif p.timestamp < 0 and p.timestamp != MAX_TIMESTAMP:
                         raise BrokerError(ErrorCode.invalid_request, f"timestamp {p.timestamp} is not a known special value")
@@ -428,7 +424,7 @@ class Handlers:
                         if found and found[0] < fetchable:
                             entry["offset"], entry["timestamp"] = found
                         elif lagging:
-                            raise not_available
+                            raise _not_available(replica, epoch_start)
                 except BrokerError as exc:
                     entry["error_code"] = exc.code
                 parts.append(entry)
@@ -481,6 +477,12 @@ class Handlers:
         me = {"node_id": self.state.node_id, "host": host, "port": port,
               "error_code": ErrorCode.none, "error_message": None}
         return {"throttle_time": 0, **me, "coordinators": [{"key": k, **me} for k in keys]}
+
+
+def _not_available(replica, epoch_start: int) -> BrokerError:
+    return BrokerError(ErrorCode.offset_not_available,
+                       f"{replica.name}: the high watermark {replica.log.high_watermark} has not reached the "
+                       f"start {epoch_start} of leader epoch {replica.leader_epoch}")
 
 
 def _datetime_ms(ms: int) -> datetime.datetime:

@@ -117,7 +117,7 @@ class LeaderDuties:
     def follower_fetched(self, r: Replica, follower: int, fetch_offset: int) -> None:
         """A follower's fetch at `fetch_offset`, already answered from the log, tells the leader
         how far its log reaches (Kafka's updateFollowerFetchState, after the read)."""
-        progress = r.followers.setdefault(follower, FollowerProgress(last_caught_up=0.0))
+        progress = r.followers.setdefault(follower, FollowerProgress())
         now = time.monotonic()
         leo = r.log.log_end_offset
         if fetch_offset >= leo:
@@ -129,8 +129,7 @@ class LeaderDuties:
         progress.leo = fetch_offset
         if follower not in r.isr and not r.isr_update_pending and self._isr_eligible(follower) \
                 and fetch_offset >= r.log.high_watermark:
-            epoch_start = next((o for e, o in r.log.epochs.entries if e == r.leader_epoch), 0)
-            if fetch_offset >= epoch_start:
+            if fetch_offset >= (r.log.epochs.start_of(r.leader_epoch) or 0):
                 self._change_isr(r, tuple(b for b in r.replicas if b in r.isr or b == follower),
                                  f"broker {follower} caught up (log end {fetch_offset} >= high watermark "
                                  f"{r.log.high_watermark})")
@@ -147,8 +146,7 @@ class LeaderDuties:
                     continue
                 leo = r.log.log_end_offset
                 out = [b for b in r.isr if b != self.me
-                       and not r.followers.setdefault(b, FollowerProgress(last_caught_up=0.0))
-                       .caught_up(leo, now, lag_s)]
+                       and not r.followers.setdefault(b, FollowerProgress()).caught_up(leo, now, lag_s)]
                 if out:
                     self._change_isr(r, tuple(b for b in r.isr if b not in out),
                                      f"brokers {out} have not caught up for replica.lag.time.max.ms="

@@ -3,14 +3,13 @@
 In: the partition's log and its replica assignment, then updates from the metadata watcher, the
 leader's duties and the follower's fetcher. Out: `Replica`, the record those modules share (role,
 leader and leader epoch, ISR and the change of it being written, ZooKeeper version of the partition
-state, the leader's view of each follower, the running fetcher); `FollowerProgress`, what a leader knows of one follower from its
-fetches; and the role names `LEADER`, `FOLLOWER`, `OFFLINE`.
+state, the leader's view of each follower, the running fetcher); `FollowerProgress`, what a leader
+knows of one follower from its fetches; and the role names `LEADER`, `FOLLOWER`, `OFFLINE`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass, field
 
 from .log import PartitionLog
@@ -21,7 +20,7 @@ LEADER, FOLLOWER, OFFLINE = "leader", "follower", "offline"
 @dataclass
 class FollowerProgress:
     leo: int = -1  # the follower's log end offset, as its last fetch told
-    last_caught_up: float = field(default_factory=time.monotonic)
+    last_caught_up: float = 0.0  # monotonic time; 0: never, as Kafka's lastCaughtUpTimeMs starts
     last_fetch_time: float = 0.0
     last_fetch_leader_leo: int = -1
 

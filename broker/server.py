@@ -25,7 +25,7 @@ import time
 from kio.schema.errors import ErrorCode
 
 from .codec import API_VERSIONS_KEY, ProtocolError, UnsupportedVersion, decode_request, encode_response
-from .config import BrokerConfig
+from .config import LONG_MAX, BrokerConfig
 from .handlers import SUPPORTED, Handlers
 from .replica_manager import ReplicaManager
 from .state import BrokerState
@@ -91,7 +91,7 @@ class BrokerServer:
         # As Kafka's LogManager: the time-based flusher wakes every log.flush.scheduler.interval.ms
         # (by default never), whatever log.flush.interval.ms says.
         tick_ms = self.config["log.flush.scheduler.interval.ms"]
-        if tick_ms >= 2**62:
+        if tick_ms >= LONG_MAX:
             return
         while True:
             await asyncio.sleep(max(tick_ms / 1000, 0.001))

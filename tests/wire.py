@@ -82,19 +82,24 @@ class WireClient:
 # -- request helpers -------------------------------------------------------------------
 
 
-def produce_req(topic: str, partition: int, batch: bytes, acks: int = -1):
+def produce_req(topic: str, partition: int, batch: bytes, acks: int = -1, timeout_s: float = 5):
     return pr_req.ProduceRequest(
-        acks=acks, timeout=datetime.timedelta(seconds=5),
+        acks=acks, timeout=datetime.timedelta(seconds=timeout_s),
         topic_data=(pr_req.TopicProduceData(name=topic, partition_data=(
             pr_req.PartitionProduceData(index=partition, records=batch),)),),
     )
 
 
-def fetch(client: WireClient, topic: str, offset: int, max_wait_ms=0, min_bytes=0, max_bytes=1 << 20, partition=0):
+def fetch(client: WireClient, topic: str, offset: int, max_wait_ms=0, min_bytes=0, max_bytes=1 << 20, partition=0,
+          replica_id: int = -1, epoch: int = -1):
+    """One fetch (v12) of one partition, by a consumer or, with `replica_id`, as that follower;
+    `epoch` the leader epoch the fetcher knows (-1: none)."""
     req = fetch_req.FetchRequest(
-        max_wait=datetime.timedelta(milliseconds=max_wait_ms), min_bytes=min_bytes, max_bytes=max_bytes,
+        replica_id=replica_id, max_wait=datetime.timedelta(milliseconds=max_wait_ms), min_bytes=min_bytes,
+        max_bytes=max_bytes,
         topics=(fetch_req.FetchTopic(topic=topic, partitions=(
-            fetch_req.FetchPartition(partition=partition, fetch_offset=offset, partition_max_bytes=max_bytes),)),),
+            fetch_req.FetchPartition(partition=partition, fetch_offset=offset, partition_max_bytes=max_bytes,
+                                     current_leader_epoch=epoch),)),),
         forgotten_topics_data=(),
     )
     return client.request(req).responses[0].partitions[0]

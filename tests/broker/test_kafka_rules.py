@@ -118,7 +118,7 @@ def test_a_replica_joining_the_isr_counts_in_the_high_watermark_while_the_change
         batch = encode_batch([(None, b"%d" % i)], base_offset=i)
         plog.append(batch, check_batch(batch))
     r = Replica("j", 0, plog, (1, 2, 3), LEADER, 1, 0, (1, 2))
-    r.followers = {2: FollowerProgress(leo=5), 3: FollowerProgress(leo=2, last_caught_up=0.0)}
+    r.followers = {2: FollowerProgress(leo=5), 3: FollowerProgress(leo=2)}
     manager._advance_hw(r)
     assert plog.high_watermark == 5, "broker 3 is neither in the ISR nor caught up"
     plog.high_watermark = 0

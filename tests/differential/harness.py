@@ -20,9 +20,7 @@ from pathlib import Path
 
 from kazoo.client import KazooClient
 from kio.schema.errors import ErrorCode
-from kio.schema.fetch.v12 import request as fetch_req
 from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
-from kio.schema.produce.v9 import request as pr_req
 
 from faultline.control.local_cluster import LocalCluster
 from faultline.control.net import Net
@@ -30,7 +28,7 @@ from faultline.control.wait import wait_until
 from faultline.db.core import create_topics
 from faultline.runner import testmap
 from faultline.runner.cli import _spec_from_args, build_parser
-from tests.wire import WireClient
+from tests.wire import WireClient, fetch, part_response, produce_req
 
 KAFKA_VERSION = "3.9.1"
 PORT = 9092
@@ -149,23 +147,8 @@ class Side:
 
 def produce(client: WireClient, topic: str, batch: bytes, acks: int = -1, timeout_s: float = 10):
     """(error code, base offset) of one batch produced to partition 0."""
-    resp = client.request(pr_req.ProduceRequest(
-        acks=acks, timeout=datetime.timedelta(seconds=timeout_s),
-        topic_data=(pr_req.TopicProduceData(name=topic, partition_data=(
-            pr_req.PartitionProduceData(index=0, records=batch),)),)))
-    part = resp.responses[0].partition_responses[0]
+    part = part_response(client.request(produce_req(topic, 0, batch, acks, timeout_s)))
     return part.error_code, part.base_offset
-
-
-def fetch(client: WireClient, topic: str, offset: int, replica_id: int = -1, epoch: int = -1):
-    """One fetch of partition 0 (v12), by a consumer or, with `replica_id`, as that follower."""
-    req = fetch_req.FetchRequest(
-        replica_id=replica_id, max_wait=datetime.timedelta(0), min_bytes=0, max_bytes=1 << 20,
-        topics=(fetch_req.FetchTopic(topic=topic, partitions=(
-            fetch_req.FetchPartition(partition=0, fetch_offset=offset, partition_max_bytes=1 << 20,
-                                     current_leader_epoch=epoch),)),),
-        forgotten_topics_data=())
-    return client.request(req).responses[0].partitions[0]
 
 
 def init_producer_id(client: WireClient) -> tuple[int, int]:

@@ -24,8 +24,8 @@ from kio.schema.errors import ErrorCode
 
 from faultline.broker.records import encode_batch
 from faultline.control.wait import wait_until
-from tests.differential.harness import Side, fetch, init_producer_id, produce
-from tests.wire import offset_for_leader_epoch, values
+from tests.differential.harness import Side, init_producer_id, produce
+from tests.wire import fetch, offset_for_leader_epoch, values
 
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root"), pytest.mark.slow]
 
