@@ -13,7 +13,10 @@ import socket
 import struct
 
 from kio.index import load_response_schema
+from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v12 import request as fetch_req
+from kio.schema.list_offsets.v7 import request as lo_req
+from kio.schema.metadata.v12 import request as md_req
 from kio.schema.offset_for_leader_epoch.v4 import request as ofle
 from kio.schema.produce.v9 import request as pr_req
 from kio.serial import entity_reader
@@ -111,6 +114,23 @@ def offset_for_leader_epoch(client: WireClient, topic: str, epoch: int, partitio
         topic=topic, partitions=(ofle.OffsetForLeaderPartition(partition=partition, leader_epoch=epoch),)),)))
     part = resp.topics[0].partitions[0]
     return part.error_code.name, part.leader_epoch, part.end_offset
+
+
+def list_offset(client: WireClient, topic: str, timestamp: int = -1, partition: int = 0) -> tuple[ErrorCode, int]:
+    """(error, offset) a read_uncommitted consumer is told for `timestamp` (-1 latest, -2 earliest)."""
+    part = client.request(lo_req.ListOffsetsRequest(replica_id=-1, isolation_level=0, topics=(
+        lo_req.ListOffsetsTopic(name=topic, partitions=(
+            lo_req.ListOffsetsPartition(partition_index=partition, timestamp=timestamp, current_leader_epoch=-1),)),))
+                          ).topics[0].partitions[0]
+    return part.error_code, part.offset
+
+
+def partition_metadata(client: WireClient, topic: str, partition: int = 0):
+    """What this broker's metadata says of one partition (leader, epoch, replicas, ISR)."""
+    resp = client.request(md_req.MetadataRequest(
+        topics=(md_req.MetadataRequestTopic(topic_id=None, name=topic),), allow_auto_topic_creation=False,
+        include_topic_authorized_operations=False))
+    return next(p for p in resp.topics[0].partitions if p.partition_index == partition)
 
 
 def part_response(resp):

@@ -11,7 +11,6 @@ import uuid
 
 import pytest
 from kio.schema.errors import ErrorCode
-from kio.schema.list_offsets.v7 import request as lo_req
 
 from faultline.broker.config import load_config
 from faultline.broker.records import check_batch, encode_batch
@@ -23,7 +22,7 @@ from tests.broker.cluster import produce
 from tests.broker.test_replication import partition_assigned
 from tests.broker.test_restart import create
 from tests.broker.test_restart import produce as produce_round_robin
-from tests.wire import WireClient, offset_for_leader_epoch, part_response, produce_req
+from tests.wire import WireClient, list_offset, offset_for_leader_epoch, part_response, produce_req
 
 
 def recovery_point(broker, topic: str) -> int:
@@ -64,14 +63,6 @@ def test_a_standalone_broker_leads_at_epoch_0_and_at_a_new_epoch_after_each_rest
         assert offset_for_leader_epoch(client, "e", 1) == ("none", 1, 15)
 
 
-def latest_offset(client: WireClient, topic: str, partition: int):
-    part = client.request(lo_req.ListOffsetsRequest(replica_id=-1, isolation_level=0, topics=(
-        lo_req.ListOffsetsTopic(name=topic, partitions=(
-            lo_req.ListOffsetsPartition(partition_index=partition, timestamp=-1, current_leader_epoch=-1),)),))
-                          ).topics[0].partitions[0]
-    return part.error_code, part.offset
-
-
 def test_a_new_leader_whose_high_watermark_lags_its_epoch_answers_offset_not_available(cluster_factory):
     # KIP-207, Kafka 3.9 Partition.fetchOffsetForTimestamp: until the high watermark reaches the
     # start of the leader's epoch, a consumer asking for the latest offset is told
@@ -95,11 +86,11 @@ def test_a_new_leader_whose_high_watermark_lags_its_epoch_answers_offset_not_ava
         cluster.brokers[2].stop()
         cluster.wait_state(topic, p, lambda s: s["leader"] == 1, "broker 1 elected")
         with WireClient("127.0.0.1", cluster.brokers[1].port) as client:
-            wait_until(lambda: latest_offset(client, topic, p)[0] != ErrorCode.not_leader_or_follower, 10,
+            wait_until(lambda: list_offset(client, topic, partition=p)[0] != ErrorCode.not_leader_or_follower, 10,
                        "broker 1 leads")
-            assert latest_offset(client, topic, p) == (ErrorCode.offset_not_available, -1)
+            assert list_offset(client, topic, partition=p) == (ErrorCode.offset_not_available, -1)
             cluster.resume(3)
-            wait_until(lambda: latest_offset(client, topic, p) == (ErrorCode.none, 3), 20,
+            wait_until(lambda: list_offset(client, topic, partition=p) == (ErrorCode.none, 3), 20,
                        "the high watermark reaches the epoch's start and the latest offset is 3")
     finally:
         cluster.resume(3)

@@ -28,7 +28,7 @@ from faultline.control.wait import wait_until
 from faultline.db.core import create_topics
 from faultline.runner import testmap
 from faultline.runner.cli import _spec_from_args, build_parser
-from tests.wire import WireClient, fetch, part_response, produce_req
+from tests.wire import WireClient, fetch, part_response, partition_metadata, produce_req
 
 KAFKA_VERSION = "3.9.1"
 PORT = 9092
@@ -69,6 +69,7 @@ class Side:
         logs = Path(tempfile.mkdtemp(prefix=f"faultline-diff-{self.system}-logs-"))
         try:
             self.net.heal()
+            self.resume_zookeeper()
             for node in self.db.nodes:
                 if self.db.running(node):
                     self.db.resume(node)
@@ -88,6 +89,29 @@ class Side:
         wait_until(lambda: len(self.state(topic)["isr"]) == replication_factor, 30,
                    f"{self.system}: every replica of {topic}-0 in sync")
         self.wait_leading(self.roles(topic)["leader"], topic)
+
+    def create_topic_led_by_controller(self, prefix: str, tries: int = 12) -> str:
+        """Create `prefix-0`, `prefix-1`, ... until one is led by the controller, and return its
+        name: Kafka's leader asks the controller to change the ISR (AlterPartition), so a scenario
+        that cuts the leader from its followers must not cut it from the controller too. Topic
+        creation places leaders round-robin from a random broker, so a few tries suffice."""
+        for i in range(tries):
+            topic = f"{prefix}-{i}"
+            self.create_topic(topic)
+            if self.state(topic)["leader"] == self.controller():
+                return topic
+        raise TimeoutError(f"{self.system}: none of {tries} topics {prefix}-* is led by the controller")
+
+    def pause_zookeeper(self) -> None:
+        """SIGSTOP ZooKeeper: no ISR change can be recorded until `resume_zookeeper`. Its sessions
+        do not expire while it is stopped; keep the pause well under zookeeper.session.timeout.ms
+        all the same, since the clients' read timeouts (2/3 of it) run on."""
+        for node in self.db.zookeeper.remotes:
+            self.db.zookeeper.remotes[node].pause("zookeeper")
+
+    def resume_zookeeper(self) -> None:
+        for node in self.db.zookeeper.remotes:
+            self.db.zookeeper.remotes[node].resume("zookeeper")
 
     def wait_leading(self, node: str, topic: str) -> None:
         """ZooKeeper says who leads before that broker has heard it (Kafka's LeaderAndIsr request):
@@ -120,9 +144,20 @@ class Side:
         return sorted(role_of[b] for b in self.state(topic)["isr"])
 
     def wait_isr(self, topic: str, roles: dict[str, str], expected: list[str], timeout: float = 40) -> None:
+        """Wait until ZooKeeper holds the expected ISR and the leader has heard it. Kafka's
+        controller writes ZooKeeper before it tells the leader (LeaderAndIsr, then UpdateMetadata,
+        in that order on one connection): a request sent in between would still meet the old ISR."""
         wait_until(lambda: self.isr_roles(topic, roles) == sorted(expected), timeout,
                    f"{self.system}: the ISR of {topic}-0 did not become {sorted(expected)} "
                    f"(it is {self.isr_roles(topic, roles)})")
+        ids = sorted(self.ids[roles[role]] for role in expected)
+
+        def leader_knows() -> bool:
+            with self.client(roles["leader"]) as client:
+                return sorted(partition_metadata(client, topic).isr_nodes) == ids
+
+        wait_until(leader_knows, timeout, f"{self.system}: {roles['leader']} has heard that the ISR of "
+                                          f"{topic}-0 is {sorted(expected)}")
 
     def start(self, node: str) -> None:
         """Start a killed broker once ZooKeeper has dropped its old registration: a Kafka broker

@@ -25,7 +25,7 @@ from kio.schema.errors import ErrorCode
 from faultline.broker.records import encode_batch
 from faultline.control.wait import wait_until
 from tests.differential.harness import Side, init_producer_id, produce
-from tests.wire import fetch, offset_for_leader_epoch, values
+from tests.wire import fetch, list_offset, offset_for_leader_epoch, values
 
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root"), pytest.mark.slow]
 
@@ -79,9 +79,72 @@ def one(value: bytes) -> bytes:
 
 def read_at(side: Side, client, topic: str, offset: int, hw: int) -> list[bytes]:
     """What a consumer reads from `offset`, once the broker's high watermark is `hw`."""
-    wait_until(lambda: fetch(client, topic, offset).high_watermark == hw, 30,
-               f"{side.system}: the high watermark of {topic}-0 reaches {hw}")
+    seen: list = []
+
+    def reached() -> bool:
+        answer = fetch(client, topic, offset)
+        seen[:] = [answer.error_code.name, answer.high_watermark]
+        return answer.high_watermark == hw
+
+    try:
+        wait_until(reached, 30, f"{side.system}: the high watermark of {topic}-0 reaches {hw}")
+    except TimeoutError as exc:
+        raise TimeoutError(f"{exc}; the last fetch answered (error, high watermark) {tuple(seen)}") from exc
     return values(fetch(client, topic, offset).records)
+
+
+# -- 1: a follower joining the ISR while ZooKeeper cannot record it --------------------------------
+
+
+def joining_follower(side: Side, prefix: str) -> dict:
+    topic = side.create_topic_led_by_controller(prefix)
+    roles = side.roles(topic)
+    epoch = side.state(topic)["leader_epoch"]
+    f1 = side.broker_id(roles["f1"])
+    answers: dict = {}
+    with side.client(roles["leader"]) as leader:
+        answers["first"] = produce(leader, topic, one(b"a"))
+        side.net.drop({roles["leader"]: [roles["f1"], roles["f2"]]})
+        try:
+            # Followers idle at the log end stay in the ISR (point 6): a write makes them lag.
+            answers["acks=1 cut off from the followers"] = produce(leader, topic, one(b"b"), acks=1)
+            side.wait_isr(topic, roles, ["leader"], timeout=6 * LAG_S)
+            answers["acks=all with the leader alone"] = produce(leader, topic, one(b"c"))[0]
+            # f1 (played by this test: its broker is cut off) reaches the log end while the ISR
+            # change that would add it cannot be written: Kafka's PendingExpandIsr.
+            side.pause_zookeeper()
+            try:
+                caught_up = fetch(leader, topic, 2, replica_id=f1, epoch=epoch)
+                answers["f1 catches up while ZooKeeper is stopped"] = (caught_up.error_code,
+                                                                       caught_up.high_watermark)
+                # The maximal ISR (leader, f1) counts for the high watermark, the committed one
+                # (the leader alone) for min.insync.replicas: the high watermark stays put and an
+                # acks=all is refused before its append (appendRecordsToLeader, maybeIncrementLeaderHW).
+                answers["a consumer's high watermark meanwhile"] = fetch(leader, topic, 0).high_watermark
+                answers["acks=all meanwhile"] = produce(leader, topic, one(b"d"))[0]
+            finally:
+                side.resume_zookeeper()
+            side.wait_isr(topic, roles, ["leader", "f1"], timeout=30)
+            fetch(leader, topic, 2, replica_id=f1, epoch=epoch)
+            answers["a consumer reads once f1's joining is recorded"] = read_at(side, leader, topic, 0, hw=2)
+        finally:
+            side.net.heal()
+        side.wait_isr(topic, roles, ["leader", "f1", "f2"], timeout=90)
+    return answers
+
+
+def test_1_a_joining_follower_counts_for_the_high_watermark_but_not_for_min_insync_until_recorded(sides):
+    answers = both(sides, joining_follower, "joining")
+    assert answers == {
+        "first": (ErrorCode.none, 0),
+        "acks=1 cut off from the followers": (ErrorCode.none, 1),
+        "acks=all with the leader alone": ErrorCode.not_enough_replicas,
+        # The high watermark a fetch answers is the one from before it (point 7).
+        "f1 catches up while ZooKeeper is stopped": (ErrorCode.none, 1),
+        "a consumer's high watermark meanwhile": 1,
+        "acks=all meanwhile": ErrorCode.not_enough_replicas,
+        "a consumer reads once f1's joining is recorded": [b"a", b"b"],
+    }
 
 
 # -- 2, 7 and 11: what a leader does with a follower's fetch ------------------------------------------
@@ -317,4 +380,64 @@ def test_9_10_any_first_sequence_and_min_insync_capped_at_the_replication_factor
         "a new epoch at sequence 3": ErrorCode.out_of_order_sequence_number,
         # Partition.effectiveMinIsr: min(min.insync.replicas, replicas).
         "acks=all to one replica under min.insync.replicas=2": (ErrorCode.none, 0),
+    }
+
+
+# -- 11: a new leader whose high watermark lags the start of its epoch (KIP-207) ----------------------
+
+
+def lagging_new_leader(side: Side, topic: str) -> dict:
+    side.create_topic(topic)
+    roles = side.roles(topic)
+    answers: dict = {}
+    with side.client(roles["leader"]) as leader:
+        answers["first"] = produce(leader, topic, encode_batch([(None, b"a"), (None, b"b")], timestamp=now_ms()))
+        # f2 stays in the ISR with log end 2 for replica.lag.time.max.ms, holding the high
+        # watermark at 2 while f1 copies c; once f1 leads alone, min.insync.replicas holds it there.
+        side.db.pause(roles["f2"])
+        try:
+            before_c = now_ms()
+            answers["acks=1"] = produce(leader, topic, one(b"c"), acks=1)
+            leader.close()
+            # f1's fetch is a long poll the append wakes; a second is ample for it to copy c.
+            time.sleep(1.0)
+            # Killed before it can drop f2 from the ISR (which would let the high watermark reach
+            # 3 and f1 hear of it). ZooKeeper ends f2's session first, then the leader's, and f1,
+            # the one live replica of the ISR, is elected with the ISR to itself.
+            side.db.kill(roles["leader"])
+            wait_until(lambda: side.state(topic)["leader"] == side.broker_id(roles["f1"]), 60,
+                       f"{side.system}: {roles['f1']} elected")
+            side.wait_leading(roles["f1"], topic)
+            with side.client(roles["f1"]) as new_leader:
+                answers["latest"] = list_offset(new_leader, topic, -1)
+                answers["earliest"] = list_offset(new_leader, topic, -2)
+                answers["by c's time"] = list_offset(new_leader, topic, before_c)
+                answers["a consumer's high watermark"] = fetch(new_leader, topic, 0).high_watermark
+                side.db.resume(roles["f2"])
+                side.start(roles["leader"])
+                wait_until(lambda: list_offset(new_leader, topic, -1) == (ErrorCode.none, 3), 60,
+                           f"{side.system}: the high watermark reaches the start of {roles['f1']}'s epoch")
+                answers["latest once f2 is back"] = list_offset(new_leader, topic, -1)
+        finally:
+            side.db.resume(roles["f2"])
+            if not side.db.running(roles["leader"]):
+                side.start(roles["leader"])
+    side.wait_isr(topic, {**roles, "leader": roles["f1"], "f1": roles["leader"]}, ["leader", "f1", "f2"],
+                  timeout=90)
+    return answers
+
+
+def test_11_a_new_leader_whose_high_watermark_lags_its_epoch_answers_offset_not_available(sides):
+    answers = both(sides, lagging_new_leader, "lagging")
+    assert answers == {
+        "first": (ErrorCode.none, 0),
+        "acks=1": (ErrorCode.none, 2),
+        # Partition.fetchOffsetForTimestamp: the latest offset, or a timestamp found at or beyond
+        # the high watermark, is OFFSET_NOT_AVAILABLE while the high watermark (2) is below the
+        # start of the leader's epoch (3); the earliest offset is answered.
+        "latest": (ErrorCode.offset_not_available, -1),
+        "earliest": (ErrorCode.none, 0),
+        "by c's time": (ErrorCode.offset_not_available, -1),
+        "a consumer's high watermark": 2,
+        "latest once f2 is back": (ErrorCode.none, 3),
     }
