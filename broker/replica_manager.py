@@ -77,7 +77,7 @@ class ReplicaManager(MetadataWatch, LeaderDuties, FollowerFetcher):
         if not self.replicated:
             for t in state.topics.values():
                 for i, plog in t.partitions.items():
-                    self._standalone_replica(t.name, i, plog, restarted=True)
+                    self._standalone_replica(t.name, i, plog)
 
     # -- life cycle ---------------------------------------------------------------
 
@@ -164,11 +164,12 @@ class ReplicaManager(MetadataWatch, LeaderDuties, FollowerFetcher):
 
     # -- standalone: without ZooKeeper this broker leads everything it has -------------------
 
-    def _standalone_replica(self, topic: str, index: int, plog: PartitionLog, restarted: bool = False) -> Replica:
-        # As a one-broker Kafka cluster: a new partition's leader starts epoch 0 at offset 0, and
-        # every start of the broker elects it again at the next epoch, from its log end, so that
-        # clients validating their positions (KIP-320) get true answers from OffsetForLeaderEpoch.
-        epoch = max(plog.epochs.latest_epoch, plog.leader_epoch) + 1 if restarted else max(plog.leader_epoch, 0)
+    def _standalone_replica(self, topic: str, index: int, plog: PartitionLog) -> Replica:
+        # As a one-broker Kafka 3.9 cluster in ZooKeeper mode: a new partition's leader starts
+        # epoch 0 at offset 0 and keeps it across restarts, since the controller that starts with
+        # the broker finds the partition's leader alive and elects no one
+        # (PartitionStateMachine.initializePartitionState; tests/differential shows it).
+        epoch = max(plog.epochs.latest_epoch, plog.leader_epoch, 0)
         plog.leader_epoch = epoch
         plog.epochs.assign(epoch, plog.log_end_offset)
         r = Replica(topic, index, plog, (self.me,), LEADER, self.me, epoch, (self.me,))

@@ -91,9 +91,14 @@ class TestSpec:
         self._validate_kafka(need)
         zk = self.effective_zookeeper_nodes
         need(zk >= 0, f"zookeeper-nodes={zk}: give 0 (a standalone broker) or more")
-        need(zk >= 1 or self.nodes == 1 or (self.broker == "kafka" and self.kafka_mode == "kraft"),
-             f"nodes={self.nodes} with zookeeper-nodes=0: brokers form a cluster through ZooKeeper; "
-             f"give --zookeeper-nodes 1 or more")
+        if self.broker == "kafka" and self.kafka_mode == "zookeeper":
+            need(zk >= 1, "kafka-mode=zookeeper with zookeeper-nodes=0: Kafka in ZooKeeper mode keeps its "
+                          "metadata there, even as a single broker; give --zookeeper-nodes 1 or more, or "
+                          "--kafka-mode kraft")
+        elif self.broker != "kafka":
+            need(zk >= 1 or self.nodes == 1,
+                 f"nodes={self.nodes} with zookeeper-nodes=0: brokers form a cluster through ZooKeeper; "
+                 f"give --zookeeper-nodes 1 or more")
         need(zk % 2 == 1 or zk == 0,
              f"zookeeper-nodes={zk}: an ensemble of an even size tolerates no more failures than one "
              f"member fewer and can split evenly; use an odd number (1, 3, 5)")
@@ -135,11 +140,12 @@ class TestSpec:
 
     @property
     def effective_zookeeper_nodes(self) -> int:
-        """ZooKeeper servers: by default one for a cluster, none for a single standalone broker."""
+        """ZooKeeper servers: by default one for a cluster and for Kafka in ZooKeeper mode (which
+        cannot start without it, even alone), none for a single standalone reference broker."""
         if self.zookeeper_nodes is not None:
             return self.zookeeper_nodes
-        if self.broker == "kafka" and self.kafka_mode == "kraft":
-            return 0  # KRaft keeps the metadata in Kafka's own quorum
+        if self.broker == "kafka":
+            return 0 if self.kafka_mode == "kraft" else 1  # KRaft keeps the metadata in its own quorum
         return 0 if self.nodes == 1 else 1
 
     def with_seed(self) -> "TestSpec":

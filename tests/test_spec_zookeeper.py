@@ -29,3 +29,12 @@ def test_defaults_one_standalone_broker_or_one_zookeeper_for_a_cluster():
     assert specs.TestSpec().effective_zookeeper_nodes == 0
     assert specs.TestSpec(nodes=3).effective_zookeeper_nodes == 1
     assert specs.TestSpec(nodes=5, zookeeper_nodes=3).effective_zookeeper_nodes == 3
+
+
+def test_kafka_in_zookeeper_mode_gets_zookeeper_even_alone():
+    # A single Kafka 3.x broker in ZooKeeper mode cannot start without it; KRaft needs none.
+    alone = specs.TestSpec(broker="kafka", kafka_version="3.9.1", kafka_mode="zookeeper", nodes=1)
+    assert alone.effective_zookeeper_nodes == 1
+    assert specs.TestSpec(broker="kafka", nodes=1).effective_zookeeper_nodes == 0
+    with pytest.raises(SpecError, match="kafka-mode=zookeeper with zookeeper-nodes=0: .* give --zookeeper-nodes 1"):
+        specs.TestSpec(broker="kafka", kafka_version="3.9.1", kafka_mode="zookeeper", nodes=1, zookeeper_nodes=0)

@@ -37,8 +37,11 @@ PORT = 9092
 class Side:
     """One three-broker cluster of one system, with ZooKeeper on a node of its own."""
 
-    def __init__(self, system: str, settings: dict[str, str]):
-        argv = ["run", "--nodes", "3", "--replication-factor", "3"]
+    def __init__(self, system: str, settings: dict[str, str], nodes: int = 3, extra: tuple[str, ...] = ()):
+        """`nodes` brokers (one: a standalone reference broker, and Kafka beside a ZooKeeper of its
+        own); `extra`: more `faultline run` arguments, such as `--nemesis power-loss` for disks
+        that lose what was not fsynced when a node's power is cut."""
+        argv = ["run", "--nodes", str(nodes), "--replication-factor", str(min(3, nodes)), *extra]
         if system == "kafka":
             argv += ["--db", "kafka", "--kafka-version", KAFKA_VERSION, "--kafka-mode", "zookeeper"]
             # Kafka's controller moves leadership back to the preferred replica 5 s after it is
@@ -56,8 +59,10 @@ class Side:
             self.db = testmap.db_class(self.spec)(self.spec, self.cluster.remotes, self.workdir)
             self.net = Net(self.cluster.remotes)
             self.db.setup()
-            self.zk = KazooClient(hosts=self.db.zookeeper_connect)
-            self.zk.start(15)
+            self.zk = None
+            if self.db.zookeeper_connect:
+                self.zk = KazooClient(hosts=self.db.zookeeper_connect)
+                self.zk.start(15)
         except BaseException:
             self.cluster.destroy()
             raise
@@ -69,12 +74,14 @@ class Side:
         logs = Path(tempfile.mkdtemp(prefix=f"faultline-diff-{self.system}-logs-"))
         try:
             self.net.heal()
-            self.resume_zookeeper()
+            if self.db.zookeeper is not None:
+                self.resume_zookeeper()
             for node in self.db.nodes:
                 if self.db.running(node):
                     self.db.resume(node)
-            self.zk.stop()
-            self.zk.close()
+            if self.zk is not None:
+                self.zk.stop()
+                self.zk.close()
             self.db.teardown(logs)
         finally:
             self.cluster.destroy()
@@ -86,6 +93,8 @@ class Side:
 
     def create_topic(self, topic: str, replication_factor: int = 3) -> None:
         create_topics([topic], 1, replication_factor, self.db.bootstrap)
+        if self.zk is None:
+            return  # a standalone broker: the admin client waited for its leader
         wait_until(lambda: len(self.state(topic)["isr"]) == replication_factor, 30,
                    f"{self.system}: every replica of {topic}-0 in sync")
         self.wait_leading(self.roles(topic)["leader"], topic)
