@@ -36,8 +36,10 @@ EXPERIMENTS = {
                "--broker-set", "replica.fetch.min.bytes=100000000", "--broker-set", "replica.fetch.wait.max.ms=2000"],
     "unclean": ["--rate", "200", "--nemesis", "stale-election", "--nemesis-interval", "8",
                 "--broker-set", "unclean.leader.election.enable=true", "--broker-set", "replica.lag.time.max.ms=3000"],
+    # Leader kills 1.5 s apart: a follower that truncated to its stale high watermark on a leader
+    # change is elected at the next kill before it fetched again (KIP-101's first scenario).
     "high-watermark truncation": ["--rate", "3000", "--concurrency", "16", "--nemesis", "kill-leader,pause",
-                                  "--nemesis-interval", "2.5", "--broker-set", "faultline.truncation=high-watermark",
+                                  "--nemesis-interval", "1.5", "--broker-set", "faultline.truncation=high-watermark",
                                   "--broker-set", "replica.fetch.min.bytes=100000000",
                                   "--broker-set", "replica.fetch.wait.max.ms=2000"],
 }
