@@ -116,8 +116,11 @@ def offset_for_leader_epoch(client: WireClient, topic: str, epoch: int, partitio
     return part.error_code.name, part.leader_epoch, part.end_offset
 
 
-def list_offset(client: WireClient, topic: str, timestamp: int = -1, partition: int = 0) -> tuple[ErrorCode, int]:
-    """(error, offset) a read_uncommitted consumer is told for `timestamp` (-1 latest, -2 earliest)."""
+LATEST, EARLIEST = -1, -2
+
+
+def list_offset(client: WireClient, topic: str, timestamp: int = LATEST, partition: int = 0) -> tuple[ErrorCode, int]:
+    """(error, offset) a read_uncommitted consumer is told for `timestamp` (LATEST, EARLIEST or a time)."""
     part = client.request(lo_req.ListOffsetsRequest(replica_id=-1, isolation_level=0, topics=(
         lo_req.ListOffsetsTopic(name=topic, partitions=(
             lo_req.ListOffsetsPartition(partition_index=partition, timestamp=timestamp, current_leader_epoch=-1),)),))

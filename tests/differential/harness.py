@@ -28,7 +28,7 @@ from faultline.control.wait import wait_until
 from faultline.db.core import create_topics
 from faultline.runner import testmap
 from faultline.runner.cli import _spec_from_args, build_parser
-from tests.wire import WireClient, fetch, part_response, partition_metadata, produce_req
+from tests.wire import EARLIEST, WireClient, fetch, list_offset, part_response, partition_metadata, produce_req
 
 KAFKA_VERSION = "3.9.1"
 PORT = 9092
@@ -126,9 +126,12 @@ class Side:
         """ZooKeeper says who leads before that broker has heard it (Kafka's LeaderAndIsr request):
         wait until it serves the partition as its leader."""
 
+        # ListOffsets, not Fetch: a follower serves consumer fetches too (KIP-392, fetch v11+), while
+        # only the leader answers a consumer's ListOffsets (the earliest offset even while its high
+        # watermark lags the start of its epoch, KIP-207).
         def serving() -> bool:
             with self.client(node) as client:
-                return fetch(client, topic, 0).error_code == ErrorCode.none
+                return list_offset(client, topic, EARLIEST)[0] == ErrorCode.none
 
         wait_until(serving, 30, f"{self.system}: {node} serves {topic}-0 as its leader")
 

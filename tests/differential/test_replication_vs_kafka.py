@@ -25,7 +25,7 @@ from kio.schema.errors import ErrorCode
 from faultline.broker.records import encode_batch
 from faultline.control.wait import wait_until
 from tests.differential.harness import Side, init_producer_id, produce
-from tests.wire import fetch, list_offset, offset_for_leader_epoch, values
+from tests.wire import EARLIEST, LATEST, fetch, list_offset, offset_for_leader_epoch, values
 
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root"), pytest.mark.slow]
 
@@ -409,15 +409,15 @@ def lagging_new_leader(side: Side, topic: str) -> dict:
                        f"{side.system}: {roles['f1']} elected")
             side.wait_leading(roles["f1"], topic)
             with side.client(roles["f1"]) as new_leader:
-                answers["latest"] = list_offset(new_leader, topic, -1)
-                answers["earliest"] = list_offset(new_leader, topic, -2)
+                answers["latest"] = list_offset(new_leader, topic, LATEST)
+                answers["earliest"] = list_offset(new_leader, topic, EARLIEST)
                 answers["by c's time"] = list_offset(new_leader, topic, before_c)
                 answers["a consumer's high watermark"] = fetch(new_leader, topic, 0).high_watermark
                 side.db.resume(roles["f2"])
                 side.start(roles["leader"])
-                wait_until(lambda: list_offset(new_leader, topic, -1) == (ErrorCode.none, 3), 60,
+                wait_until(lambda: list_offset(new_leader, topic, LATEST) == (ErrorCode.none, 3), 60,
                            f"{side.system}: the high watermark reaches the start of {roles['f1']}'s epoch")
-                answers["latest once f2 is back"] = list_offset(new_leader, topic, -1)
+                answers["latest once f2 is back"] = list_offset(new_leader, topic, LATEST)
         finally:
             side.db.resume(roles["f2"])
             if not side.db.running(roles["leader"]):

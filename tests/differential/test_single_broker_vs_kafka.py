@@ -19,7 +19,7 @@ from kio.schema.errors import ErrorCode
 from faultline.broker.records import encode_batch, iter_headers
 from faultline.control.wait import wait_until
 from tests.differential.harness import Side, produce
-from tests.wire import fetch, offset_for_leader_epoch, partition_metadata, values
+from tests.wire import EARLIEST, fetch, list_offset, offset_for_leader_epoch, partition_metadata, values
 
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root"), pytest.mark.slow]
 
@@ -49,7 +49,7 @@ def leading(side: Side, topic: str):
 
     def serving():
         with side.client(NODE) as client:
-            if fetch(client, topic, 0).error_code == ErrorCode.none:
+            if list_offset(client, topic, EARLIEST)[0] == ErrorCode.none:
                 return partition_metadata(client, topic)
         return None
 
