@@ -98,7 +98,9 @@ Definitions (shared/anomalies.md, made precise; reference.py is the oracle):
 - G1a: a value a poll of any outcome returned whose every send failed;
   precommitted-read: an operation of any outcome polled a value it sent;
 - poll-skip / nonmonotonic-poll: consecutive polls (of any outcome: the
-  records a poll returned moved the consumer past them) of one process that
+  records a poll returned moved the consumer past them; but a `txn` that
+  failed or whose outcome is unknown is rolled back, consumer and all, so
+  it is judged against the chain without moving it) of one process that
   returned records of a key, in one chain epoch: the epoch counts the `ok`
   assign/subscribe operations of the process before the poll that dropped
   the key or (an assign with seek_to_beginning) rewound it; a = last offset
@@ -173,7 +175,8 @@ def _events(history: History) -> DataFrame:
     1-based place of its outcome in _OUTCOMES; pos: its place in the
     record). Columns: key, kind, op, invoke, process, type (of the
     operation), completed, offset, value, pos (order within the operation),
-    plain (the operation's f is `send`), mixed (it both sends and polls),
+    plain (the operation's f is `send`), rolled_back (it is a `txn` that
+    failed or whose outcome is unknown), mixed (it both sends and polls),
     moved (a record of a key that a rebalance during the operation named).
     Every anomaly below is a per-key question, so after this one shuffle the
     queries run with windows and aggregates inside the partitions: no
@@ -183,11 +186,11 @@ def _events(history: History) -> DataFrame:
     ops = history.operations.filter("process != 'nemesis'")
     common = ["op", "invoke", "process", "type", "completed"]
     per_mop = ops.selectExpr(
-        *common, "f = 'send' AS plain",
+        *common, "f = 'send' AS plain", "f = 'txn' AND type IN ('fail', 'info') AS rolled_back",
         "coalesce(exists(mops, m -> m.f = 'send') AND exists(mops, m -> m.f = 'poll'), false) AS mixed",
         "flatten(transform(coalesce(rebalance_log, array()), e -> coalesce(e.keys, array()))) AS moved_keys",
         "posexplode(mops) AS (mpos, mop)")
-    mop_events = per_mop.selectExpr(*common, "plain", "mixed", """explode(
+    mop_events = per_mop.selectExpr(*common, "plain", "rolled_back", "mixed", """explode(
         CASE WHEN mop.f = 'poll'
         THEN transform(coalesce(mop.records, array()), (r, i) -> named_struct(
             'key', r.key, 'kind', 'r', 'offset', r.offset, 'value', r.value,
@@ -195,8 +198,9 @@ def _events(history: History) -> DataFrame:
         ELSE array(named_struct('key', mop.key, 'kind', 's', 'offset', mop.offset, 'value', mop.value,
             'pos', CAST(mpos AS LONG), 'moved', false))
         END) AS e""").selectExpr("e.key AS key", "e.kind AS kind", *common, "e.offset AS offset",
-                                 "e.value AS value", "e.pos AS pos", "plain", "mixed", "e.moved AS moved")
-    rest = [*common, "false AS plain", "false AS mixed", "false AS moved"]
+                                 "e.value AS value", "e.pos AS pos", "plain", "rolled_back", "mixed",
+                                 "e.moved AS moved")
+    rest = [*common, "false AS plain", "false AS rolled_back", "false AS mixed", "false AS moved"]
     seeks = (ops.filter("type = 'ok' AND f = 'assign' AND seek_to_beginning")
              .selectExpr("explode(array_distinct(keys)) AS key", "'a' AS kind", "CAST(NULL AS LONG) AS offset",
                          "CAST(NULL AS LONG) AS value", "CAST(0 AS LONG) AS pos", *rest))
@@ -505,15 +509,24 @@ def _orders(facts: DataFrame, history: History) -> DataFrame:
                         "CASE WHEN kind = 'r' THEN struct(offset, rank, nexts, false AS shared) ELSE at END AS here")
             .selectExpr("*", f"lag(struct(op, epoch, here, value)) OVER ({order}) AS prev",
                         "last(CASE WHEN type IN ('ok', 'info') THEN struct(op, here.offset AS at, value) END, true) "
-                        f"OVER ({order} ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS sent")
+                        f"OVER ({order} ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS sent",
+                        # The chain across polls: the last record of the latest poll that moved the
+                        # consumer (a rolled-back transaction is judged, but moves nothing).
+                        "last(CASE WHEN kind = 'r' AND NOT rolled_back THEN struct(op, epoch, here) END, true) "
+                        f"OVER ({order} ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS chain")
             .selectExpr("kind", "process", "key", "op", "type", "moved", "epoch", "prev.op AS prev_op",
-                        "prev.epoch AS prev_epoch", "coalesce(prev.op = op, false) AS inside", "sent",
+                        "coalesce(prev.op = op, false) AS inside", "sent",
                         "prev.here.offset AS a", "here.offset AS b", "prev.value AS va", "value AS vb",
-                        "prev.here.rank - here.rank - 1 AS skipped_count", "prev.here.nexts AS nexts"))
+                        "prev.here.rank - here.rank - 1 AS skipped_count", "prev.here.nexts AS nexts",
+                        "chain.op AS chain_op", "chain.epoch AS chain_epoch", "chain.here.offset AS ca",
+                        "chain.here.rank - here.rank - 1 AS chain_skipped", "chain.here.nexts AS chain_nexts"))
     skipped = "'skipped', filter(nexts, x -> x IS NOT NULL AND x < b), 'skipped_count', skipped_count, "
+    chain_skip = "b > ca AND b - 1 > ca AND chain_skipped > 0"
+    chain_skipped = ("'skipped', filter(chain_nexts, x -> x IS NOT NULL AND x < b), "
+                     "'skipped_count', chain_skipped, ")
     head = "'process', CAST(process AS LONG), 'key', key, 'op', op, 'prev_offset', a, 'next_offset', b, "
     values = "'prev_value', va, 'next_value', vb, "
-    across = "'process', CAST(process AS LONG), 'key', key, 'prev_offset', a, 'next_offset', b, "
+    chain = "'process', CAST(process AS LONG), 'key', key, 'prev_offset', ca, 'next_offset', b, "
     return _witnesses(rows, [
         ("int-poll-skip", f"kind = 'r' AND inside AND NOT moved AND {_SKIP}", head + skipped + "'ops', array(op)",
          "op", "a"),
@@ -523,10 +536,10 @@ def _orders(facts: DataFrame, history: History) -> DataFrame:
          "op", "a"),
         ("int-nonmonotonic-send", "kind = 's' AND inside AND b <= a", head + values + "'ops', array(op)",
          "op", "b"),
-        ("poll-skip", f"kind = 'r' AND NOT inside AND prev_epoch = epoch AND {_SKIP}",
-         across + skipped + "'ops', array(prev_op, op)", "prev_op", "a"),
-        ("nonmonotonic-poll", "kind = 'r' AND NOT inside AND prev_epoch = epoch AND b <= a",
-         across + "'ops', array(prev_op, op)", "prev_op", "b"),
+        ("poll-skip", f"kind = 'r' AND NOT inside AND chain_epoch = epoch AND {chain_skip}",
+         chain + chain_skipped + "'ops', array(chain_op, op)", "chain_op", "ca"),
+        ("nonmonotonic-poll", "kind = 'r' AND NOT inside AND chain_epoch = epoch AND b <= ca",
+         chain + "'ops', array(chain_op, op)", "chain_op", "b"),
         ("nonmonotonic-send", "kind = 's' AND NOT inside AND type IN ('ok', 'info') AND b <= sent.at",
          "'process', CAST(process AS LONG), 'key', key, 'prev_offset', sent.at, 'next_offset', b, "
          "'prev_value', sent.value, 'next_value', vb, 'ops', array(sent.op, op)",

@@ -350,6 +350,11 @@ def _chains(evs: list[Event], ops: list[Operation], log: Log, pos: dict[tuple, i
     def epoch(process, key: str, op: int) -> int:
         return sum(1 for a, keys, rewinds in epochs.get(process, ()) if a < op and (key not in keys or rewinds))
 
+    # A transaction that failed or whose outcome is unknown is rolled back, and its consumer with
+    # it (the client seeks back): it is judged against the chain but does not move it, so the next
+    # poll may read its records again and one that does not is a skip (Jepsen's txn abort
+    # semantics). A plain poll's records moved the consumer, whatever its outcome.
+    rolled_back = {o.op for o in ops if o.f == "txn" and o.type in ("fail", "info")}
     polls: dict[tuple, dict[int, list[Event]]] = defaultdict(lambda: defaultdict(list))
     for e in evs:
         if e.kind == "r":
@@ -370,7 +375,8 @@ def _chains(evs: list[Event], ops: list[Operation], log: Log, pos: dict[tuple, i
                         found.add("poll-skip", {"process": process, "key": key, "prev_offset": a,
                                                 "next_offset": b, "skipped": skipped, "skipped_count": n,
                                                 "ops": [prev_op, op]}, prev_op, a)
-            prev = (op, es[-1].offset)
+            if op not in rolled_back:
+                prev = (op, es[-1].offset)
     # A process's sends to a key, by its ok and info operations in order, are compared by their
     # positions in the version order (Jepsen's nonmonotonic-send-cases): the earlier operation's
     # last send against the later one's first. An unknown position compares with nothing.

@@ -182,8 +182,10 @@ JEPSEN: dict[str, tuple[str, str]] = {
     "reused-offset": ("-", "faultline's own: an acknowledged offset that holds another value"),
     "unexpected": ("-", "faultline's own: a value nobody sent (Jepsen throws no-writer-of-value)"),
     "poll-skip": ("poll-skip+nonmonotonic-cases", "records of a failed poll also move the chain (the consumer "
-                                                  "moved past them); an ok assign with seek_to_beginning naming "
-                                                  "the key rewinds it"),
+                                                  "moved past them), but a txn that failed or whose outcome is "
+                                                  "unknown does not (rolled back, its consumer rewinds: Jepsen's "
+                                                  "txn abort semantics); an ok assign with seek_to_beginning "
+                                                  "naming the key rewinds it"),
     "nonmonotonic-poll": ("poll-skip+nonmonotonic-cases", "as poll-skip"),
     "nonmonotonic-send": ("nonmonotonic-send-cases", "Jepsen forbids it always; allowed where acknowledged writes "
                                                      "may be lost, since a lost write's offset taken by a later send "

@@ -40,8 +40,11 @@ Operations (the effects of one operation happen between its lines):
   polls, the stats' `mixed` is 0): 2-4 mops mixing sends and polls, done as
   a client without broker transactions does them: each mop takes effect in
   order. `ok`: all of them, and a poll may return a value the operation
-  itself sent earlier; `fail`: refused before any mop took effect;
-  `info`/never: its sends as an `info` send's, its polls read nothing, the
+  itself sent earlier; `fail`: refused before any mop took effect, or (half
+  the time) aborted after its polls returned records: its sends were never
+  written and the client seeks the consumer back to the first offset it
+  read of each key, so the next poll reads them again (the engines judge
+  its records against the poll chain without moving it); `info`/never: its sends as an `info` send's, its polls read nothing, the
   process retires;
 - assign of a random subset of keys, with seek_to_beginning (positions 0) or
   without (a key the consumer holds a position for keeps it, whether it
@@ -446,10 +449,11 @@ class Scenario:
 
     # --- what the engines will find in a process's records -----------------
 
-    def observe(self, c: Consumer, op: Op, records: list[Record], ok: bool) -> None:
+    def observe(self, c: Consumer, op: Op, records: list[Record], ok: bool, moves_chain: bool = True) -> None:
         """Follow the engines' poll chains (process, epoch, key) over an operation's records (of any
         outcome), predicting their chain witnesses, and the int- poll witnesses on the keys its
-        rebalance_log does not name; mark what was read."""
+        rebalance_log does not name; mark what was read. A rolled-back transaction's records
+        (`moves_chain` false) are judged against the chain but leave it where it was."""
         rebalanced = {k for ks in op.rebalances for k in ks}
         last_in_op: dict[str, Record] = {}
         for r in records:
@@ -473,7 +477,8 @@ class Scenario:
                             self.cause(r, a, b, op, True)
             last_in_op[r.key] = r
         for k, r in last_in_op.items():
-            c.chain[(c.epoch.get(k, 0), k)] = (op.index, r.offset)
+            if moves_chain:
+                c.chain[(c.epoch.get(k, 0), k)] = (op.index, r.offset)
 
     def cause(self, r: Record, a: int, b: int, op: Op, chain: bool) -> str:
         # A moved position shows across operations only: inside one, the rebalance_log names the key.
@@ -675,6 +680,9 @@ class Scenario:
                     self.witnesses["precommitted-read"][(op.process, r.key, op.index, r.value, r.offset)] = \
                         "own write"
             return
+        if outcome == "fail" and self.rnd.random() < 0.5:
+            yield from self.aborted_after_polling(c, op, mops)
+            return
         if outcome in ("info", "never"):
             yield from self.indeterminate(op, sends)
         yield
@@ -683,6 +691,32 @@ class Scenario:
         self.finish(op, outcome, "txn", mops=done)
         if outcome in ("info", "never"):
             self.retire(w)
+
+    def aborted_after_polling(self, c: Consumer, op: Op, mops: list[tuple]) -> Iterator:
+        """A transaction that polled, then aborted: its records are in the history, its sends were
+        never written, and the client seeks the consumer back to the first offset it read of each
+        key (the workload's rewind), so the next poll reads them again. The engines judge its
+        records against the poll chain without moving the chain (Jepsen's txn abort semantics)."""
+        done, records = [], []
+        for m in mops:
+            if m[0] == "send":
+                done.append({"f": "send", "key": m[1], "value": m[2], "offset": None})
+            else:
+                got = self.fetch(c, op)
+                records += got
+                done.append({"f": "poll", "records": [{"key": r.key, "offset": r.offset, "value": r.value}
+                                                      for r in got]})
+        yield
+        self.finish(op, "fail", "txn", mops=done, rebalance_log=[{"keys": ks} for ks in op.rebalances] or None)
+        self.observe(c, op, records, False, moves_chain=False)
+        firsts: dict[str, Record] = {}
+        for r in records:
+            firsts.setdefault(r.key, r)
+        for k, r in firsts.items():
+            if k in c.positions:
+                c.positions[k] = r.offset
+                if r.after_reset:
+                    c.reset.add(k)
 
     def assign_op(self, w: _Worker, keys: list[str] | None = None, seek: bool | None = None,
                   final: bool = False) -> Iterator:

@@ -79,6 +79,17 @@ class Builder:
         done = [{"f": "poll", "records": [{"key": k, "offset": o, "value": v} for k, o, v in records]}]
         return self.op(process, "poll", type_, {"mops": [{"f": "poll"}]}, {"mops": done}, completed)
 
+    def txn(self, process: int, mops: list[tuple], type_: str = "ok", completed: bool = True) -> int:
+        """A transaction (`f: txn`): mops are ("send", key, value, offset) and ("poll", [(key, offset,
+        value), ...]), in the order performed; a send's offset is recorded on ok and info completions
+        (the only ones the format gives it)."""
+        invoke = [{"f": "send", "key": m[1], "value": m[2]} if m[0] == "send" else {"f": "poll"} for m in mops]
+        send = ((lambda m: {"f": "send", "key": m[1], "value": m[2], "offset": m[3]}) if type_ in ("ok", "info")
+                else (lambda m: {"f": "send", "key": m[1], "value": m[2]}))
+        done = [send(m) if m[0] == "send" else
+                {"f": "poll", "records": [{"key": k, "offset": o, "value": v} for k, o, v in m[1]]} for m in mops]
+        return self.op(process, "txn", type_, {"mops": invoke}, {"mops": done}, completed)
+
     def assign(self, process: int, keys: list[str], seek: bool = False, type_: str = "ok", f: str = "assign",
                ends: dict[str, int] | None = None) -> int:
         """ends: the `end_offsets` the completion reports (where the broker said each key ends)."""

@@ -421,6 +421,72 @@ def test_assign_resets_the_poll_chain(found):
     assert found("rewind_after_seek")[0] == {}
 
 
+@scenario
+def txn_abort_rewinds(s):
+    # A transaction that failed or whose outcome is unknown is rolled back, and its consumer with
+    # it: the next poll reads its records again (Jepsen's kafka_test "txn abort" cases).
+    k, c, d = s.key(), s.process(), s.process()
+    _four_values(s, k)
+    s.assign(c, [k])
+    s.txn(c, [("poll", [(k, 0, 1)])])
+    s.txn(c, [("poll", [(k, 1, 2), (k, 2, 3)])], "fail")
+    s.txn(c, [("poll", [(k, 1, 2), (k, 2, 3)])], "fail")
+    s.txn(c, [("poll", [(k, 1, 2), (k, 2, 3)])])
+    # An indeterminate one ends its process: its successor's chain starts afresh.
+    s.assign(d, [k])
+    s.txn(d, [("poll", [(k, 0, 1)])])
+    s.txn(d, [("poll", [(k, 1, 2)])], "info")
+
+
+@scenario
+def txn_abort_not_rewound(s):
+    # A consumer that went on past an aborted transaction's records skipped them: each later
+    # poll, failed or not, is judged against the last one that moved the chain.
+    k, c = s.key(), s.process()
+    _four_values(s, k)
+    s.send(s.process(), [(k, 5, 4), (k, 6, 5)])
+    s.poll(s.process(), [(k, 4, 5), (k, 5, 6)])
+    s.assign(c, [k])
+    first = s.txn(c, [("poll", [(k, 0, 1)])])
+    s.txn(c, [("poll", [(k, 1, 2), (k, 2, 3)])], "fail")
+    second = s.txn(c, [("send", s.key("9"), 7, 0), ("poll", [(k, 3, 4), (k, 4, 5)])], "fail")
+    third = s.txn(c, [("poll", [(k, 5, 6)])])
+    fourth = s.poll(c, [(k, 5, 6)])
+    return {"first": first, "second": second, "third": third, "fourth": fourth, "c": c}
+
+
+@scenario
+def failed_plain_poll_moves_the_chain(s):
+    # A plain poll is no transaction: the records it returned moved the consumer, even though the
+    # poll reported an error, so reading them again is nonmonotonic.
+    k, c = s.key(), s.process()
+    _four_values(s, k)
+    s.assign(c, [k])
+    first = s.poll(c, [(k, 0, 1)])
+    failed = s.poll(c, [(k, 1, 2)], "fail")
+    again = s.poll(c, [(k, 1, 2)])
+    return {"first": first, "failed": failed, "again": again, "c": c}
+
+
+def test_an_aborted_or_indeterminate_transaction_does_not_move_the_poll_chain(found):
+    assert found("txn_abort_rewinds")[0] == {}
+    f, ix = found("txn_abort_not_rewound")
+    assert set(f) == {"poll-skip", "nonmonotonic-poll"}
+    key = "txn_abort_not_rewound-t/0"
+    assert f["poll-skip"] == [
+        {"process": ix["c"], "key": key, "prev_offset": 0, "next_offset": 3, "skipped": [1, 2],
+         "skipped_count": 2, "ops": [ix["first"], ix["second"]]},
+        {"process": ix["c"], "key": key, "prev_offset": 0, "next_offset": 5, "skipped": [1, 2, 3, 4],
+         "skipped_count": 4, "ops": [ix["first"], ix["third"]]},
+    ]
+    # The ok transaction moved the chain to 5: the plain poll after it read 5 again.
+    assert f["nonmonotonic-poll"] == [{"process": ix["c"], "key": key, "prev_offset": 5, "next_offset": 5,
+                                       "ops": [ix["third"], ix["fourth"]]}]
+    f, ix = found("failed_plain_poll_moves_the_chain")
+    assert f == {"nonmonotonic-poll": [{"process": ix["c"], "key": "failed_plain_poll_moves_the_chain-t/0",
+                                        "prev_offset": 1, "next_offset": 1, "ops": [ix["failed"], ix["again"]]}]}
+
+
 # --- nonmonotonic-send -------------------------------------------------------------
 
 @scenario
