@@ -668,10 +668,7 @@ class Scenario:
                     o = self.append(m[1], m[2], op, acked=True)
                     done.append({"f": "send", "key": m[1], "value": m[2], "offset": o})
                 else:
-                    got = self.fetch(c, op)
-                    records += got
-                    done.append({"f": "poll", "records": [{"key": r.key, "offset": r.offset, "value": r.value}
-                                                          for r in got]})
+                    done.append(self.poll_mop(c, op, records))
             yield
             self.finish(op, "ok", "txn", mops=done, rebalance_log=[{"keys": ks} for ks in op.rebalances] or None)
             self.observe(c, op, records, True)
@@ -692,6 +689,13 @@ class Scenario:
         if outcome in ("info", "never"):
             self.retire(w)
 
+    def poll_mop(self, c: Consumer, op: Op, records: list[Record]) -> dict:
+        """One poll micro-operation of a transaction: fetch, add what came to `records`, and return
+        the completed mop."""
+        got = self.fetch(c, op)
+        records += got
+        return {"f": "poll", "records": [{"key": r.key, "offset": r.offset, "value": r.value} for r in got]}
+
     def aborted_after_polling(self, c: Consumer, op: Op, mops: list[tuple]) -> Iterator:
         """A transaction that polled, then aborted: its records are in the history, its sends were
         never written, and the client seeks the consumer back to the first offset it read of each
@@ -702,10 +706,7 @@ class Scenario:
             if m[0] == "send":
                 done.append({"f": "send", "key": m[1], "value": m[2], "offset": None})
             else:
-                got = self.fetch(c, op)
-                records += got
-                done.append({"f": "poll", "records": [{"key": r.key, "offset": r.offset, "value": r.value}
-                                                      for r in got]})
+                done.append(self.poll_mop(c, op, records))
         yield
         self.finish(op, "fail", "txn", mops=done, rebalance_log=[{"keys": ks} for ks in op.rebalances] or None)
         self.observe(c, op, records, False, moves_chain=False)

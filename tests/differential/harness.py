@@ -1,12 +1,14 @@
 """Kafka 3.9 in ZooKeeper mode and the reference broker, side by side, for differential tests.
 
-In: which system (`"kafka"` or `"reference"`) and the broker settings both clusters share. Out: a
-`Side`: three broker nodes and one ZooKeeper node in network namespaces, set up through the db layer
-`faultline run` uses (Kafka 3.9.1 from its jars; `faultline broker`), with what a scripted scenario
-needs: the partition state both keep at the same ZooKeeper path, raw Kafka requests to any broker
-(`tests.wire`), kills, restarts, pauses and links cut between two nodes (iptables), and the nodes of
-a partition named by role (`leader`, `f1`, `f2`: followers in assignment order), so that answers
-from two clusters, whose brokers lead different partitions, compare as equals.
+In: which system (`"kafka"` or `"reference"`), the broker settings both clusters share, and how many
+brokers (three by default; one: a standalone reference broker, and Kafka beside a ZooKeeper of its
+own). Out: a `Side`: the broker nodes and a ZooKeeper node in network namespaces, set up through the
+db layer `faultline run` uses (Kafka 3.9.1 from its jars; `faultline broker`), with what a scripted
+scenario needs: the partition state both keep at the same ZooKeeper path, raw Kafka requests to any
+broker (`tests.wire`), kills, restarts, pauses (of ZooKeeper too) and links cut between two nodes
+(iptables), and the nodes of a partition named by role (`leader`, `f1`, `f2`: followers in
+assignment order), so that answers from two clusters, whose brokers lead different partitions,
+compare as equals.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ PORT = 9092
 
 
 class Side:
-    """One three-broker cluster of one system, with ZooKeeper on a node of its own."""
+    """One cluster of one system: three brokers (or as many as asked), with ZooKeeper on a node of
+    its own (a standalone reference broker has none)."""
 
     def __init__(self, system: str, settings: dict[str, str], nodes: int = 3, extra: tuple[str, ...] = ()):
         """`nodes` brokers (one: a standalone reference broker, and Kafka beside a ZooKeeper of its
