@@ -486,8 +486,11 @@ def _chain_epochs(history: History) -> DataFrame:
                  .alias("assigns")))
 
 
-# A skip from a to b (b > a + 1, without computing a + 1) over offsets the log holds between them.
-_SKIP = "b > a AND b - 1 > a AND skipped_count > 0"
+def _skip(a: str, count: str, nexts: str) -> tuple[str, str]:
+    """(condition, witness fields) of a skip from offset column `a` to b: b > a + 1 without
+    computing a + 1, over `count` offsets the log holds between them (listed from `nexts`)."""
+    return (f"b > {a} AND b - 1 > {a} AND {count} > 0",
+            f"'skipped', filter({nexts}, x -> x IS NOT NULL AND x < b), 'skipped_count', {count}, ")
 
 
 def _orders(facts: DataFrame, history: History) -> DataFrame:
@@ -507,7 +510,7 @@ def _orders(facts: DataFrame, history: History) -> DataFrame:
             .selectExpr("*", "CASE WHEN kind = 'r' THEN size(filter(coalesce(assigns, array()), x -> x.op < op "
                              "AND (NOT array_contains(x.keys, key) OR x.rewinds))) END AS epoch",
                         "CASE WHEN kind = 'r' THEN struct(offset, rank, nexts, false AS shared) ELSE at END AS here")
-            .selectExpr("*", f"lag(struct(op, epoch, here, value)) OVER ({order}) AS prev",
+            .selectExpr("*", f"lag(struct(op, here, value)) OVER ({order}) AS prev",
                         "last(CASE WHEN type IN ('ok', 'info') THEN struct(op, here.offset AS at, value) END, true) "
                         f"OVER ({order} ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS sent",
                         # The chain across polls: the last record of the latest poll that moved the
@@ -520,19 +523,17 @@ def _orders(facts: DataFrame, history: History) -> DataFrame:
                         "prev.here.rank - here.rank - 1 AS skipped_count", "prev.here.nexts AS nexts",
                         "chain.op AS chain_op", "chain.epoch AS chain_epoch", "chain.here.offset AS ca",
                         "chain.here.rank - here.rank - 1 AS chain_skipped", "chain.here.nexts AS chain_nexts"))
-    skipped = "'skipped', filter(nexts, x -> x IS NOT NULL AND x < b), 'skipped_count', skipped_count, "
-    chain_skip = "b > ca AND b - 1 > ca AND chain_skipped > 0"
-    chain_skipped = ("'skipped', filter(chain_nexts, x -> x IS NOT NULL AND x < b), "
-                     "'skipped_count', chain_skipped, ")
+    skip, skipped = _skip("a", "skipped_count", "nexts")
+    chain_skip, chain_skipped = _skip("ca", "chain_skipped", "chain_nexts")
     head = "'process', CAST(process AS LONG), 'key', key, 'op', op, 'prev_offset', a, 'next_offset', b, "
     values = "'prev_value', va, 'next_value', vb, "
     chain = "'process', CAST(process AS LONG), 'key', key, 'prev_offset', ca, 'next_offset', b, "
     return _witnesses(rows, [
-        ("int-poll-skip", f"kind = 'r' AND inside AND NOT moved AND {_SKIP}", head + skipped + "'ops', array(op)",
+        ("int-poll-skip", f"kind = 'r' AND inside AND NOT moved AND {skip}", head + skipped + "'ops', array(op)",
          "op", "a"),
         ("int-nonmonotonic-poll", "kind = 'r' AND inside AND NOT moved AND b <= a", head + "'ops', array(op)",
          "op", "b"),
-        ("int-send-skip", f"kind = 's' AND inside AND {_SKIP}", head + values + skipped + "'ops', array(op)",
+        ("int-send-skip", f"kind = 's' AND inside AND {skip}", head + values + skipped + "'ops', array(op)",
          "op", "a"),
         ("int-nonmonotonic-send", "kind = 's' AND inside AND b <= a", head + values + "'ops', array(op)",
          "op", "b"),

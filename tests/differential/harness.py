@@ -30,7 +30,7 @@ from faultline.control.wait import wait_until
 from faultline.db.core import create_topics
 from faultline.runner import testmap
 from faultline.runner.cli import _spec_from_args, build_parser
-from tests.wire import EARLIEST, WireClient, fetch, list_offset, part_response, partition_metadata, produce_req
+from tests.wire import EARLIEST, WireClient, list_offset, part_response, partition_metadata, produce_req
 
 KAFKA_VERSION = "3.9.1"
 PORT = 9092
