@@ -15,7 +15,7 @@ from kio.schema.list_offsets.v7 import request as lo_req
 from faultline.broker.records import decode_records, encode_batch, iter_headers
 from faultline.control.wait import wait_until
 from tests.broker.cluster import produce
-from tests.wire import WireClient, fetch, part_response, produce_req, values
+from tests.wire import EARLIEST, WireClient, fetch, list_offset, part_response, produce_req, values
 
 
 def wire(cluster, broker: int) -> WireClient:
@@ -228,7 +228,9 @@ def test_unclean_election_trades_acknowledged_writes_for_availability(cluster_fa
     if unclean:
         state = cluster.wait_state("u", 0, lambda s: s["leader"] == stale, f"broker {stale} elected uncleanly")
         with wire(cluster, stale) as client:
-            wait_until(lambda: fetch(client, "u", 0).error_code == ErrorCode.none, 10, "the new leader serves")
+            # ListOffsets, which only the leader answers: a follower serves consumer fetches too
+            # (KIP-392), from its own high watermark, until it hears that it leads.
+            wait_until(lambda: list_offset(client, "u", EARLIEST)[0] == ErrorCode.none, 10, "the new leader serves")
             assert values(fetch(client, "u", 0).records) == [b"old"], "the acknowledged writes are gone"
         assert "UNCLEAN" in "".join(b.log_text() for b in cluster.brokers.values())
     else:
@@ -241,7 +243,7 @@ def test_unclean_election_trades_acknowledged_writes_for_availability(cluster_fa
         cluster.brokers[survivor].start()
         cluster.wait_state("u", 0, lambda s: s["leader"] == survivor, f"in-sync broker {survivor} elected")
         with wire(cluster, survivor) as client:
-            wait_until(lambda: fetch(client, "u", 0).error_code == ErrorCode.none, 10, "the leader serves")
+            wait_until(lambda: list_offset(client, "u", EARLIEST)[0] == ErrorCode.none, 10, "the leader serves")
             assert values(fetch(client, "u", 0).records)[:51] == [b"old"] + [f"v{i}".encode() for i in range(50)]
 
 
