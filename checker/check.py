@@ -18,6 +18,7 @@ from typing import Any
 
 from ..models.guarantees import STRICTEST, Model, for_history, model_for_settings, model_named
 from ..models.history import HistoryError, one_line
+from ..models.spec import WORKLOADS
 from ..models.spec_schema import SpecFileError, read_spec_file
 from .cycles import add_cycles
 from .verdict import exit_status, fail_closed, unknown, verdict, write_results
@@ -58,7 +59,8 @@ def model_for(directory: Path, override: str | None) -> tuple[Model, str | None]
     and broker settings and its nemesis list. How consumers read (test.json's consumer_mode, assign
     when absent) is a fact of the run, under any model."""
     spec = read_spec(directory)
-    mode = (spec or {}).get("consumer_mode") or "assign"
+    traits = WORKLOADS.get((spec or {}).get("workload") or "queue", WORKLOADS["queue"])
+    mode = (spec or {}).get("consumer_mode") or traits.consumer_mode
     if override:
         return model_named(override, mode), None
     if spec is None:
@@ -70,7 +72,8 @@ def model_for(directory: Path, override: str | None) -> tuple[Model, str | None]
             raise SpecFileError(directory / "test.json", f"field model: {exc}; correct it in test.json, or give "
                                                          f"--model", field="model") from None
     return model_for_settings(spec.get("producer") or {}, mode, spec.get("broker_settings") or {},
-                              spec.get("nemesis") or [], spec.get("consumer") or {}), None
+                              spec.get("nemesis") or [], spec.get("consumer") or {},
+                              transactions=traits.transactions), None
 
 
 ENGINES = ("spark", "python")

@@ -170,7 +170,8 @@ def _events(history: History) -> DataFrame:
     kind 'r': a record a poll returned; 's': a send micro-operation (of any
     outcome; offset as acknowledged, if any); 'a': an `ok` assign with
     seek_to_beginning naming the key; 'e': an `ok` operation's `end_offsets`
-    entry for the key (offset: where the broker said its log ends); 'f': a
+    entry for the key (offset: where the broker said its log ends); 'p': a
+    poll's `positions` entry (offset: where its consumer found the end); 'f': a
     record of a completed `final-reads` operation naming the key (value: the
     1-based place of its outcome in _OUTCOMES; pos: its place in the
     record). Columns: key, kind, op, invoke, process, type (of the
@@ -207,7 +208,10 @@ def _events(history: History) -> DataFrame:
     ends = (ops.filter("type = 'ok' AND end_offsets IS NOT NULL")
             .selectExpr("explode(end_offsets) AS (key, offset)", "'e' AS kind", "CAST(NULL AS LONG) AS value",
                         "CAST(0 AS LONG) AS pos", *rest))
-    parts = [mop_events, seeks, ends]
+    positions = (ops.filter("positions IS NOT NULL")
+                 .selectExpr("explode(positions) AS (key, offset)", "'p' AS kind", "CAST(NULL AS LONG) AS value",
+                             "CAST(0 AS LONG) AS pos", *rest))
+    parts = [mop_events, seeks, ends, positions]
     if "final_reads" in history.operations.columns:
         parts.append(
             ops.filter("f = 'final-reads' AND completed AND final_reads IS NOT NULL")
@@ -294,7 +298,9 @@ def _facts(history: History) -> DataFrame:
                     # lost-write: the earliest ok poll that returned a higher offset than an acknowledged send's.
                     f"CASE WHEN acked THEN min(CASE WHEN kind = 'r' AND type = 'ok' THEN struct(op, offset) END) "
                     f"OVER ({by_rank} RANGE BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) END AS passed",
-                    f"max(CASE WHEN final THEN offset END) OVER ({by_rank} {whole}) AS read_max",
+                    # The chain's consumer found the end past records it never returns (markers).
+                    f"max(CASE WHEN final THEN offset WHEN kind = 'p' AND process = start.process AND op > start.op "
+                    f"THEN offset - 1 END) OVER ({by_rank} {whole}) AS read_max",
                     "collect_set(CASE WHEN final THEN value END) OVER (PARTITION BY key, rank) AS fvalues",
                     "min(CASE WHEN final THEN struct(op, value) END) OVER (PARTITION BY key, rank) AS ffirst",
                     # Only an offset holding two values can be inconsistent or reused.

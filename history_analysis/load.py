@@ -425,6 +425,7 @@ def _history(path: str, state: dict[str, Any], parsed: DataFrame, paired: DataFr
         "prev_time AS invoke_time", "time", "error", "node", "assignment",
         # The completion's own: an end offset is an answer, never part of a request.
         "end_offsets",
+        "positions",
         "final_reads",
         "coalesce(final, prev_final) AS final",
     )
@@ -434,6 +435,7 @@ def _history(path: str, state: dict[str, Any], parsed: DataFrame, paired: DataFr
         f"CAST({'NULL' if max_time is None else max_time} AS BIGINT) AS time",
         "'never completed: the history ends first' AS error", "node", "assignment",
         "CAST(NULL AS MAP<STRING, BIGINT>) AS end_offsets",
+        "CAST(NULL AS MAP<STRING, BIGINT>) AS positions",
         f"CAST(NULL AS {FINAL_READS_TYPE}) AS final_reads",
         "final",
     )

@@ -58,6 +58,8 @@ class Operation:
     rebalanced: frozenset = frozenset()
     # A final-reads record: per key, where the final reader aimed, how far it read, and how it ended.
     final_reads: list | None = None
+    # A poll's: where its consumer found a key's end (history-format.md, positions).
+    positions: dict | None = None
 
 
 def operations(ops: list[dict], real: int) -> tuple[list[Operation], dict[str, int]]:
@@ -99,7 +101,7 @@ def operations(ops: list[dict], real: int) -> tuple[list[Operation], dict[str, i
         rebalanced = frozenset(k for entry in rebalance_log or [] for k in entry.get("keys") or [])
         finals = op.get("final_reads") if op["f"] == "final-reads" and op["index"] < real else None
         out.append(Operation(index, inv["index"], process, op["type"], op["f"], mops, keys or [], bool(seek),
-                             ends, rebalanced, finals))
+                             ends, rebalanced, finals, op.get("positions")))
     return out, stats
 
 
@@ -476,6 +478,12 @@ def _final_logs(evs: list[Event], ops: list[Operation], seeks: list[tuple[str, O
             log = logs[e.key]
             log.read_to = max(log.read_to, e.offset + 1)
             log.values.setdefault(e.offset, []).append((e.op, e.value))
+    # The chain's consumer found the end past records it never returns (transaction markers).
+    for o in ops:
+        for key, position in (o.positions or {}).items():
+            s = start.get(key)
+            if s is not None and o.process == s.process and o.op > s.op:
+                logs[key].read_to = max(logs[key].read_to, position)
     for key in known:
         logs.setdefault(key, FinalLog(key, None, ends[key][1] if key in ends else None, known[key] + 1))
     for o in sorted((o for o in ops if o.final_reads is not None), key=lambda o: o.op):

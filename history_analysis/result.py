@@ -50,6 +50,8 @@ A key's final log, as both engines derive it:
   (final reads ask the broker for it: history-format.md); absent in histories that do not say;
 - the final reads are complete for the key when the chain read up to the end offset (every
   offset below it), or, where there is no end offset, past every offset any send or poll showed;
+  a poll of the chain's process after its assign whose `positions` found the key's end counts as
+  reading to there (past transaction markers and aborted records, which no consumer returns);
 - once complete, an acknowledged write that the final log does not hold at its offset is a
   lost-write, and a value an ok poll read that the final log does not hold there is an
   uncommitted-read;

@@ -242,8 +242,10 @@ def model_named(name: str, consumer_mode: str = "assign") -> Model:
 
 def model_for_settings(producer: Mapping[str, Any], consumer_mode: str = "assign",
                        broker_settings: Mapping[str, Any] | None = None, nemesis: Iterable[str] | None = None,
-                       consumer: Mapping[str, Any] | None = None) -> Model:
-    """The model Kafka's documentation promises for these settings (see the module's docstring)."""
+                       consumer: Mapping[str, Any] | None = None, transactions: bool = False) -> Model:
+    """The model Kafka's documentation promises for these settings (see the module's docstring);
+    `transactions`: the workload runs each operation as a transaction, with a transactional.id of
+    its own per process (as a producer setting would say for one)."""
     producer = producer or {}
     broker = broker_settings or {}
     consumer = consumer or {}
@@ -252,7 +254,7 @@ def model_for_settings(producer: Mapping[str, Any], consumer_mode: str = "assign
     acks_all = acks in ("all", "-1")
     idempotent = _truthy(producer.get("enable.idempotence", False))  # librdkafka's default
     retries = _int(producer, "retries", _int(producer, "message.send.max.retries", 2147483647))
-    transactional = bool(str(producer.get("transactional.id") or "").strip())
+    transactional = transactions or bool(str(producer.get("transactional.id") or "").strip())
     isolation = str(consumer.get("isolation.level", "read_committed")).strip()  # librdkafka's default
     unclean = _truthy(broker.get("unclean.leader.election.enable", False))
     truncation = str(broker.get("faultline.truncation", "leader-epoch")).strip()

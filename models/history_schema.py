@@ -553,6 +553,10 @@ LINE = Obj("a JSON object", [
     Field("warning", TEXT),
     Field("final", BOOL, allowed=Where(client=True)),
     Field("end_offsets", MapOf(KEY, END, "an object of key -> end offset"), allowed=Where(client=True, types=COMPLETIONS)),
+    # On a poll's completion: where the consumer found a key's end (the offset it reads next),
+    # past what it never returns (transaction markers; aborted records under read_committed).
+    Field("positions", MapOf(KEY, END, "an object of key -> offset"),
+          allowed=Where(client=True, fs=("poll", "txn"), types=COMPLETIONS)),
     # On a final assign's completion: the keys whose end the broker could not say, and why.
     Field("unavailable", MapOf(KEY, TEXT, "an object of key -> why (a string)"),
           allowed=Where(client=True, types=COMPLETIONS)),

@@ -30,6 +30,35 @@ DEFAULT_CONSUMER = {
 }
 
 
+@dataclass(frozen=True)
+class WorkloadTraits:
+    """What the model and the client defaults must know of a workload: how its consumers read
+    (`consumer_mode`: assign or subscribe), whether its operations are broker transactions, and
+    the client settings it starts from (under the user's --producer/--consumer)."""
+
+    consumer_mode: str
+    transactions: bool
+    producer: dict = field(default_factory=dict)
+    consumer: dict = field(default_factory=dict)
+    summary: str = ""
+
+
+# The workloads `--workload` names (workloads.WORKLOADS builds each; the checker reads the traits
+# from test.json's `workload`).
+WORKLOADS = {
+    "queue": WorkloadTraits("assign", False, summary="Jepsen's queue: sends, polls and assigns of random keys"),
+    "txn": WorkloadTraits(
+        "assign", True,
+        # A transaction left open by a process that crashed holds read_committed readers back (the
+        # last stable offset) until the coordinator aborts it: 6 s, not librdkafka's 60 s, so that
+        # the final reads get past it. librdkafka needs message.timeout.ms <= this.
+        producer={"transaction.timeout.ms": "6000"},
+        consumer={"isolation.level": "read_committed"},
+        summary="Jepsen's transactional queue: each operation a transaction of 1-4 sends and polls "
+                "(transactional.id per process, read_committed, a share aborted on purpose)"),
+}
+
+
 class SpecError(ValueError):
     """A spec value that cannot be used; the message says which and how to fix it."""
 
@@ -102,6 +131,7 @@ class TestSpec:
         need(zk % 2 == 1 or zk == 0,
              f"zookeeper-nodes={zk}: an ensemble of an even size tolerates no more failures than one "
              f"member fewer and can split evenly; use an odd number (1, 3, 5)")
+        need(self.workload in WORKLOADS, f"workload {self.workload!r} is unknown; choose one of {', '.join(WORKLOADS)}")
         need(self.backend == "local", f"backend {self.backend!r} is unknown; use 'local'")
         brokers = [f"n{i}" for i in range(1, self.nodes + 1)]
         for node, seconds in self.clock_offsets.items():

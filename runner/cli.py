@@ -11,6 +11,7 @@ import os
 import sys
 
 from ..broker import main as broker_main
+from ..models.spec import WORKLOADS as WORKLOAD_TRAITS
 from ..nemesis import catalog as nemesis_catalog
 
 DESCRIPTION = """\
@@ -56,9 +57,15 @@ def _spec_from_args(args: argparse.Namespace):
     from ..models.spec import DEFAULT_CONSUMER, DEFAULT_PRODUCER, SpecError, TestSpec, load_toml, parse_settings
 
     fields = load_toml(args.config) if args.config else {}
-    producer = dict(DEFAULT_PRODUCER)
+    if args.workload is not None:
+        fields["workload"] = args.workload
+    workload = fields.setdefault("workload", "queue")
+    if workload not in WORKLOAD_TRAITS:
+        raise SpecError(f"workload {workload!r} is unknown; choose one of {', '.join(WORKLOAD_TRAITS)}")
+    fields.setdefault("name", workload)
+    producer = {**DEFAULT_PRODUCER, **WORKLOAD_TRAITS[workload].producer}
     producer.update({k: str(v) for k, v in fields.pop("producer", {}).items()})
-    consumer = dict(DEFAULT_CONSUMER)
+    consumer = {**DEFAULT_CONSUMER, **WORKLOAD_TRAITS[workload].consumer}
     consumer.update({k: str(v) for k, v in fields.pop("consumer", {}).items()})
     broker = {k: str(v) for k, v in fields.pop("broker_settings", {}).items()}
     producer.update(parse_settings(args.producer, "--producer"))
@@ -203,7 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
                                      "record the history, and check it.",
                          epilog=RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("--config", metavar="FILE", help="a TOML file of spec fields (flags override it)")
-    run.add_argument("--name", help="test name, the store subfolder (default queue)")
+    run.add_argument("--workload", choices=sorted(WORKLOAD_TRAITS),
+                     help="what the clients do (default queue): " + "; ".join(
+                         f"{k}: {v.summary}" for k, v in WORKLOAD_TRAITS.items()))
+    run.add_argument("--name", help="test name, the store subfolder (default: the workload's name)")
     run.add_argument("--db", metavar="NAME", help="the system under test: reference (default: faultline's own "
                      "broker) or kafka (Apache Kafka from its own jars, resolved once per version from Maven "
                      "Central into ~/.cache/faultline/kafka/)")

@@ -156,12 +156,12 @@ class Worker(threading.Thread):
             while (op := self.inbox.get()) is not _STOP:
                 try:
                     result = self.perform(op)
+                    if result["type"] == "info":
+                        self._close()  # the process is over; the next op opens a client for its successor
                 except BaseException as exc:  # noqa: BLE001 - the loop stops the run and reports it
                     log.exception("worker %s: %s by process %s raised", self.thread, op["f"], op["process"])
                     self.outbox.put((self.thread, op, exc))
                     return
-                if result["type"] == "info":
-                    self._close()  # the process is over; the next op opens a client for its successor
                 self.outbox.put((self.thread, op, result))
         finally:
             try:

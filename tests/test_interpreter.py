@@ -193,6 +193,27 @@ def test_a_client_that_cannot_open_stops_the_run_and_says_which_worker():
         Interpreter(gen, 1, lambda process: Broken("x", process), Sink()).run()
 
 
+
+def test_a_client_whose_close_fails_after_an_info_stops_the_run_instead_of_losing_its_worker():
+    class FailsToClose(FakeClient):
+        def invoke(self, op):
+            return {"type": "info", "error": "timed out"}
+
+        def close(self):
+            raise RuntimeError("the producer is fenced")
+
+    gen = clients(TimeLimit(1, EachThread(lambda t: Once({"f": "send", "mops": [{"f": "send", "key": "t/0",
+                                                                              "value": t}]}))))
+
+    class Sink:
+        counts = {}
+
+        def append(self, op):
+            return dict(op, index=0, time=0)
+
+    with pytest.raises(HarnessError, match="worker 0 failed: send by process 0 .*raised RuntimeError: the producer"):
+        Interpreter(gen, 1, lambda process: FailsToClose("x", process), Sink()).run()
+
 def ctx_of(threads=(0, 1), free=None, time=0.0) -> Context:
     free = frozenset(threads if free is None else free)
     return Context(time, free, tuple(threads), {t: t for t in threads}, {t: time for t in free})

@@ -157,3 +157,54 @@ def test_nemesis_schedule_replays_and_alternates_fault_and_repair():
     fs = [op["f"] for op, _ in run(9)]
     for fault, repair in zip(fs[::2], fs[1::2]):
         assert (fault, repair) in (("kill", "start"), ("pause", "resume"))
+
+
+def txn_ops(seed: int, worker: int, n: int) -> list[dict]:
+    gen = QueueGenerator.start(seed, worker, 3, KEYS, 3, rate=100, txn=True)
+    out = []
+    for _ in range(n):
+        ctx = one_thread(worker)
+        op, gen = gen.op(ctx)
+        out.append({k: v for k, v in op.items() if k not in ("at", "process")})
+        gen = gen.update(ctx, {**op, "type": "ok", "thread": worker})
+    return out
+
+
+@given(seed=st.integers(0, 2**31 - 1), worker=st.integers(0, 2))
+@settings(max_examples=30, deadline=None)
+def test_the_transactional_stream_replays_and_each_transaction_mixes_one_to_four_sends_and_polls(seed, worker):
+    stream = txn_ops(seed, worker, 150)
+    assert stream == txn_ops(seed, worker, 150)
+    assert stream[0]["f"] == "assign"
+    assert {op["f"] for op in stream} <= {"assign", "txn"}
+    for op in stream:
+        if op["f"] == "txn":
+            assert 1 <= len(op["mops"]) <= 4
+            assert all(m == {"f": "poll"} or (m["f"] == "send" and set(m) == {"f", "key", "value"})
+                       for m in op["mops"])
+    values = [m["value"] for op in stream if op["f"] == "txn" for m in op["mops"] if m["f"] == "send"]
+    assert len(values) == len(set(values)) and all(v % 3 == worker for v in values)
+
+
+def test_transactions_mix_sends_and_polls_across_a_stream():
+    mops = [tuple(sorted({m["f"] for m in op["mops"]})) for op in txn_ops(7, 0, 400) if op["f"] == "txn"]
+    assert {("send",), ("poll",), ("poll", "send")} <= set(mops)
+
+
+def test_a_final_poll_that_found_a_key_end_past_what_it_returned_reaches_it():
+    # Under read_committed a log ends in a transaction marker no consumer returns: the consumer's
+    # partition end (the poll's positions) is what tells the final reader it got there.
+    ctx = one_thread(process=4)
+    gen = FinalReads(("t/0",), seconds=30, fresh=True)
+    op, gen = gen.op(ctx)
+    gen = done(gen, ctx, op, end_offsets={"t/0": 4})
+    op, gen = gen.op(ctx)
+    gen = done(gen, ctx, op, mops=[{"f": "poll", "records": [{"key": "t/0", "offset": 2, "value": 5}]}])
+    op, _ = gen.op(ctx)
+    assert op["f"] == "poll", "read to 3 of 4: poll on"
+    gen = done(gen, ctx, op, mops=[{"f": "poll", "records": []}], positions={"t/0": 4})
+    op, gen = gen.op(ctx)
+    assert op["f"] == "assign" and op["seek_to_beginning"] is False
+    gen = done(gen, ctx, op, end_offsets={"t/0": 4})
+    op, gen = gen.op(ctx)
+    assert op["_final_reads"] == [{"key": "t/0", "end": 4, "read_to": 4, "outcome": "reached"}]

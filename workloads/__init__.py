@@ -1,7 +1,8 @@
 """Workloads by the names `faultline run --workload` takes: name -> (spec -> `Workload`)."""
 
-from . import queue
+from . import queue, txn
 
 WORKLOADS = {
     "queue": queue.workload,
+    "txn": txn.workload,
 }

@@ -16,8 +16,10 @@ what librdkafka can report; an acknowledged offset is always recorded, even
 when the operation as a whole is indeterminate.
 
 Final reads (`FinalReads`): a crash for fresh clients, an assign of every key
-from the beginning with the broker's end offsets, polls to those ends, and a
-closing `final-reads` record of how each key ended, also when time runs out.
+from the beginning with the broker's end offsets, polls to those ends (a final
+poll records where its consumer found a key's end, `positions`, which passes
+transaction markers it never returns), and a closing `final-reads` record of
+how each key ended, also when time runs out.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any, Mapping
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
+from ..models.spec import WORKLOADS
 from .core import Workload
 from .generator import PENDING, EachThread, fill, rng_state
 
@@ -233,11 +236,18 @@ class QueueGenerator:
     state: tuple  # the worker's random stream
     sent: int = 0
     assigned: bool = False
+    txn: bool = False  # each operation after the assign a transaction of 1-4 sends and polls
+
+    TXN_MOPS = 4
 
     @classmethod
     def start(cls, seed: int, worker: int, concurrency: int, keys: list[str], max_sends: int,
-              rate: float) -> "QueueGenerator":
-        return cls(worker, concurrency, tuple(keys), max_sends, rate, rng_state(f"{seed}/{worker}"))
+              rate: float, txn: bool = False) -> "QueueGenerator":
+        return cls(worker, concurrency, tuple(keys), max_sends, rate, rng_state(f"{seed}/{worker}"), txn=txn)
+
+    def _send_mop(self, rng: random.Random, sent: int) -> Op:
+        # A value is unique in the whole run: n * concurrency + worker.
+        return {"f": "send", "key": rng.choice(self.keys), "value": sent * self.concurrency + self.worker}
 
     def _assign_op(self, rng: random.Random) -> Op:
         k = rng.randint(1, len(self.keys))
@@ -255,12 +265,20 @@ class QueueGenerator:
             op = self._assign_op(rng)
         else:
             roll = rng.random()
-            if roll < 0.5:
-                n = rng.randint(1, self.max_sends)
+            if self.txn and roll < 0.92:
+                # Jepsen's transactional queue: 1-4 micro-operations, each a send or a poll.
                 mops = []
-                for _ in range(n):
-                    # A value is unique in the whole run: n * concurrency + worker.
-                    mops.append({"f": "send", "key": rng.choice(self.keys), "value": sent * self.concurrency + self.worker})
+                for _ in range(rng.randint(1, self.TXN_MOPS)):
+                    if rng.random() < 0.5:
+                        mops.append(self._send_mop(rng, sent))
+                        sent += 1
+                    else:
+                        mops.append({"f": "poll"})
+                op = {"f": "txn", "mops": mops}
+            elif roll < 0.5:
+                mops = []
+                for _ in range(rng.randint(1, self.max_sends)):
+                    mops.append(self._send_mop(rng, sent))
                     sent += 1
                 op = {"f": "send", "mops": mops}
             elif roll < 0.92:
@@ -382,6 +400,10 @@ class FinalReads:
         for mop in event.get("mops") or []:
             for rec in mop.get("records") or []:
                 positions[rec["key"]] = max(positions.get(rec["key"], 0), rec["offset"] + 1)
+        # Where the consumer found a key's end counts too: past what it never returns (transaction
+        # markers; aborted records under read_committed).
+        for key, offset in (event.get("positions") or {}).items():
+            positions[key] = max(positions.get(key, 0), offset)
         return dataclasses.replace(self, positions=positions)
 
     def _longer(self) -> float:
@@ -412,8 +434,10 @@ class QueueClient:
     def open(self) -> None:
         self.producer = Producer({"bootstrap.servers": self.bootstrap, **self.producer_settings},
                                  logger=LIBRDKAFKA_LOG)
+        # enable.partition.eof: the consumer says where it found a partition's end, which is past
+        # transaction markers that it never returns (the final reads need to know).
         self.consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": self.group_id,
-                                  **self.consumer_settings}, logger=LIBRDKAFKA_LOG)
+                                  "enable.partition.eof": True, **self.consumer_settings}, logger=LIBRDKAFKA_LOG)
         self.assignment = []
         self.positions = {}
 
@@ -424,8 +448,11 @@ class QueueClient:
             except (KafkaException, RuntimeError):
                 pass
         if self.producer is not None:
-            self.producer.purge()
-            self.producer.flush(0)
+            try:
+                self.producer.purge()
+                self.producer.flush(0)
+            except KafkaException:
+                pass  # a producer failed for good (a fenced transactional one, say) has nothing to hand over
         self.producer = self.consumer = None
 
     def invoke(self, op: Op) -> Op:
@@ -474,13 +501,17 @@ class QueueClient:
             return {"type": "fail", "mops": [{"f": "poll", "records": []}], "error": "no keys assigned"}
         records = []
         error = None
+        ends: dict[str, int] = {}  # where the consumer found a key's end
         try:
             messages = self.consumer.consume(self.max_poll_records, self.poll_timeout)
         except (KafkaException, RuntimeError) as exc:
             return {"type": "fail", "mops": [{"f": "poll", "records": []}], "error": str(exc)}
         for m in messages:
             if m.error() is not None:
-                if m.error().code() != KafkaError._PARTITION_EOF:
+                if m.error().code() == KafkaError._PARTITION_EOF:
+                    if m.offset() is not None and m.offset() >= 0:
+                        ends[f"{m.topic()}/{m.partition()}"] = m.offset()
+                else:
                     error = m.error().str()
                 continue
             try:
@@ -497,8 +528,14 @@ class QueueClient:
             completion = {"type": "ok", "mops": [{"f": "poll", "records": records}]}
             if error:
                 completion["warning"] = error
-            return completion
-        return {"type": "fail", "mops": [{"f": "poll", "records": records}], "error": error}
+        else:
+            completion = {"type": "fail", "mops": [{"f": "poll", "records": records}], "error": error}
+        if op.get("final") and ends:
+            # Where the consumer found each key's end (librdkafka's partition EOF): at the end offset
+            # even when the log ends in what it never returns (transaction markers; aborted records
+            # under read_committed), so that the final reads, and the check, know it got there.
+            completion["positions"] = ends
+        return completion
 
     def _assign(self, op: Op) -> Op:
         partitions = []
@@ -596,5 +633,5 @@ def workload(spec) -> Workload:
         final_unhealed=lambda why: EachThread(lambda thread: FinalReads(tuple(spec.keys), spec.final_time_limit,
                                                                         unread=why)),
         client=client,
-        hints={"consumer_mode": "assign", "transactions": False},
+        hints={"consumer_mode": WORKLOADS["queue"].consumer_mode, "transactions": WORKLOADS["queue"].transactions},
     )

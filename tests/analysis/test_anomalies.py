@@ -645,6 +645,43 @@ def final_log_short_of_its_end(s):
     return _three_read_then_final(s, end=3, final_reads=2)
 
 
+def _transactions_then_final(s, positions_by_final: bool):
+    """Two transactions commit values 1 and 2 at offsets 0 and 2 (their commit markers at 1 and 3,
+    which no consumer returns); the final reads, told the log ends at 4, return both records, and a
+    poll then finds the end at 4: a poll of the final chain, or of another consumer."""
+    k, p, other, final = s.key(), s.process(), s.process(), s.process()
+    s.txn(p, [("send", k, 1, 0)])
+    s.txn(p, [("send", k, 2, 2)])
+    s.assign(other, [k], seek=True)
+    s.poll(other, [(k, 0, 1), (k, 2, 2)])
+    start = s.assign(final, [k], seek=True, ends={k: 4})
+    s.poll(final, [(k, 0, 1), (k, 2, 2)])
+    s.poll(final if positions_by_final else other, [], positions={k: 4})
+    return {"start": start}
+
+
+@scenario
+def final_log_ends_in_markers(s):
+    return _transactions_then_final(s, positions_by_final=True)
+
+
+@scenario
+def final_log_ends_in_markers_another_consumer_saw(s):
+    return _transactions_then_final(s, positions_by_final=False)
+
+
+def test_a_final_chain_whose_consumer_found_the_end_past_transaction_markers_read_the_whole_log(found, catalog):
+    f, ix = found("final_log_ends_in_markers")
+    assert f == {}
+    summaries = {r["key"]: r for r in catalog["analysis"].final_reads}
+    assert summaries["final_log_ends_in_markers-t/0"] == {
+        "key": "final_log_ends_in_markers-t/0", "assign": ix["start"], "end": 4, "read_to": 4, "known_end": 3,
+        "complete": True, "outcome": None}
+    # Only the final chain's own consumer speaks for the final log.
+    other = summaries["final_log_ends_in_markers_another_consumer_saw-t/0"]
+    assert (other["read_to"], other["complete"]) == (3, False)
+
+
 def test_a_tail_the_complete_final_log_lost_is_a_lost_write_and_its_read_uncommitted(found):
     f, ix = found("final_log_cut_tail")
     k, send, start = "final_log_cut_tail-t/0", ix["sends"][2], ix["start"]

@@ -53,7 +53,7 @@ def base() -> list[dict]:
         {"index": 13, "time": 140, "process": 2, "type": "ok", "f": "subscribe", "keys": [K]},  # 14
         {"index": 14, "time": 150, "process": 2, "type": "invoke", "f": "poll", "mops": [{"f": "poll"}]},  # 15
         {"index": 15, "time": 160, "process": 2, "type": "ok", "f": "poll", "rebalance_log": [{"keys": []}],  # 16
-         "mops": [{"f": "poll", "records": []}]},
+         "mops": [{"f": "poll", "records": []}], "positions": {K: 2}},
         {"index": 16, "time": 170, "process": 3, "type": "invoke", "f": "crash", "final": True},  # 17
         {"index": 17, "time": 180, "process": 3, "type": "info", "f": "crash", "final": True},  # 18
     ]
@@ -197,6 +197,11 @@ REFUSED = {
     "rebalance_log entry without keys": (at(16, rebalance_log=[{}]), 16, "rebalance_log[0].keys", "is missing"),
     "rebalance_log on an invocation": (at(15, rebalance_log=[]), 15, "rebalance_log", "on completions"),
     "rebalance_log on a send": (at(2, rebalance_log=[]), 2, "rebalance_log", "poll and txn operations"),
+    # positions
+    "positions a list": (at(16, positions=[2]), 16, "positions", "an object of key -> offset"),
+    "positions negative": (at(16, positions={K: -1}), 16, 'positions["t/0"]', "found -1"),
+    "positions on an invocation": (at(15, positions={K: 1}), 15, "positions", "on completions"),
+    "positions on a send": (at(2, positions={K: 1}), 2, "positions", "poll and txn operations"),
     # strings
     "error a number": (at(10, error=5), 10, "error", "expected a string, found 5"),
     "error an object": (at(10, error={"code": 7}), 10, "error", 'found {"code": 7} (an object)'),

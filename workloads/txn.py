@@ -1,0 +1,224 @@
+"""Jepsen's transactional queue workload for Kafka.
+
+Generator: the queue workload's (`QueueGenerator` with `txn`): an assign, then operations that are
+each a transaction (`f: "txn"`) of 1-4 micro-operations, each a send of a unique value or a poll,
+and the odd re-assign.
+
+Client. In: one operation. Out: its completion. A `txn` runs on a transactional producer (a
+`transactional.id` of its own per process, `init_transactions` before its first transaction) and
+the process's consumer (read_committed unless the run says otherwise): begin, the micro-operations
+in order, commit. A share of transactions (`abort_p`, drawn from the client's own random stream,
+seeded by the run's seed and the process) is aborted on purpose, before one of its
+micro-operations or before the commit. Completions:
+
+- `ok`: committed; every send carries its offset, every poll its records.
+- `fail`: aborted (on purpose, or because the producer said the transaction must be): nothing it
+  sent is committed, so its sends carry no offset; its polls keep their records (what the log
+  held). The consumer is sought back to where the transaction began reading (KAFKA-17582: neither
+  librdkafka nor the Java consumer rewinds by itself after an abort), so the process reads those
+  records again, as the checker's rule for rolled-back transactions expects.
+- `info`: the commit's outcome is unknown (it timed out twice, or failed in flight), or the
+  producer is fenced or failed for good: the process ends, and its successor opens a new producer
+  with a new transactional.id. Sends the broker acknowledged keep their offsets.
+
+Final reads are the queue workload's: under read_committed a log ends in transaction markers, so
+the final reader goes by its consumer's positions, which pass them.
+"""
+
+from __future__ import annotations
+
+import random
+
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from .core import Workload
+from .generator import EachThread
+from ..models.spec import WORKLOADS
+from .queue import FinalReads, Op, QueueClient, QueueGenerator, Report, commit_outcome, parse_key, send_outcome
+
+ABORTED = "aborted on purpose"
+# Share of transactions the client aborts on purpose (Jepsen's maybe-abort).
+ABORT_P = 0.1
+
+
+class TxnClient(QueueClient):
+    """One process's transactional producer and read_committed consumer."""
+
+    def __init__(self, *args, seed: int, process: int, abort_p: float = ABORT_P, **kw):
+        super().__init__(*args, **kw)
+        self.transactional_id = f"faultline-txn-{process}"
+        self.producer_settings = {**self.producer_settings, "transactional.id": self.transactional_id}
+        self.rng = random.Random(f"{seed}/txn/{process}")
+        self.abort_p = abort_p
+        # Each transactional call may take this long; librdkafka keeps going in the background.
+        self.txn_timeout = max(self.send_timeout, 10.0)
+        self.initialized = False
+
+    def open(self) -> None:
+        super().open()
+        self.initialized = False
+
+    def close(self) -> None:
+        if self.producer is not None:
+            try:
+                # In flight too: whatever the process held is the coordinator's to abort.
+                self.producer.purge(in_queue=True, in_flight=True)
+            except KafkaException:
+                pass
+        super().close()
+
+    def invoke(self, op: Op) -> Op:
+        if op["f"] == "txn":
+            return self._txn(op)
+        return super().invoke(op)
+
+    def _txn(self, op: Op) -> Op:
+        mops = op["mops"]
+        reports: list[Report | None] = [None] * len(mops)
+        records: dict[int, list] = {}
+        began_at = dict(self.positions)  # where each key read resumes if the transaction aborts
+        read: set[str] = set()
+        step = "init_transactions"
+        try:
+            if not self.initialized:
+                self.producer.init_transactions(self.txn_timeout)
+                self.initialized = True
+            step = "begin_transaction"
+            self.producer.begin_transaction()
+            # Aborted on purpose: before which micro-operation (len(mops): before the commit).
+            abort_at = self.rng.randrange(len(mops) + 1) if self.rng.random() < self.abort_p else None
+            for i, mop in enumerate(mops):
+                if i == abort_at:
+                    return self._abort(mops, reports, records, began_at, read, ABORTED)
+                if mop["f"] == "send":
+                    step = f"send {mop['value']} to {mop['key']}"
+                    topic, partition = parse_key(mop["key"])
+                    self.producer.produce(topic, str(mop["value"]).encode(), partition=partition,
+                                          on_delivery=self._delivered(reports, i))
+                else:
+                    step = "poll"
+                    records[i] = self._consume(read)
+            if abort_at == len(mops):
+                return self._abort(mops, reports, records, began_at, read, ABORTED)
+            step = "commit_transaction"
+            return self._commit(mops, reports, records, began_at, read)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if step != "init_transactions" and err.txn_requires_abort():
+                return self._abort(mops, reports, records, began_at, read, f"{step}: {err.str()}")
+            if step in ("init_transactions", "begin_transaction") and not err.fatal():
+                # Nothing of this transaction reached the broker.
+                return self._completion("fail", mops, reports, records, f"{step}: {err.str()}")
+            # Fenced, fatal, or a state the producer cannot say: the process ends.
+            return self._completion("info", mops, reports, records, f"{step}: {err.str()}; the producer is "
+                                                                    f"replaced")
+        except BufferError as exc:
+            return self._abort(mops, reports, records, began_at, read, f"{step}: the producer's queue is full: {exc}")
+
+    @staticmethod
+    def _delivered(reports: list, i: int):
+        def delivered(err, msg):
+            reports[i] = Report.delivered(err, None if err else msg.offset())
+        return delivered
+
+    def _consume(self, read: set[str]) -> list[dict]:
+        out = []
+        for m in self.consumer.consume(self.max_poll_records, self.poll_timeout):
+            if m.error() is not None:
+                if m.error().code() != KafkaError._PARTITION_EOF:
+                    raise KafkaException(m.error())
+                continue
+            try:
+                value = int(m.value())
+            except (TypeError, ValueError):
+                value = -1  # not ours: shows up as unexpected
+            key = f"{m.topic()}/{m.partition()}"
+            out.append({"key": key, "offset": m.offset(), "value": value})
+            read.add(key)
+            self.positions[key] = m.offset() + 1
+        return out
+
+    def _commit(self, mops, reports, records, began_at, read) -> Op:
+        for attempt in (1, 2):
+            try:
+                self.producer.commit_transaction(self.txn_timeout)
+                self.producer.poll(0)  # the delivery reports of the last sends
+                return self._completion("ok", mops, reports, records, None)
+            except KafkaException as exc:
+                err = exc.args[0]
+                kind, why = commit_outcome(err)
+                if kind == "fail":
+                    return self._abort(mops, reports, records, began_at, read, f"commit_transaction: {err.str()}")
+                if err.retriable() and not err.fatal() and attempt == 1:
+                    continue  # librdkafka resumes the commit it began: ask for its outcome again
+                return self._completion("info", mops, reports, records,
+                                        f"commit_transaction: {err.str()}: {why}; the producer is replaced")
+        raise AssertionError("unreachable")
+
+    def _abort(self, mops, reports, records, began_at, read, why: str) -> Op:
+        try:
+            self.producer.abort_transaction(self.txn_timeout)
+        except KafkaException as exc:
+            return self._completion("info", mops, reports, records,
+                                    f"{why}; abort_transaction: {exc.args[0].str()}; the producer is replaced")
+        # Read again what the aborted transaction read: its consumption is rolled back too.
+        for key in read:
+            self.positions[key] = began_at.get(key, self.positions[key])
+        if read:
+            try:
+                self.consumer.assign([TopicPartition(*parse_key(k), self.positions.get(k, 0))
+                                      for k in self.assignment])
+            except (KafkaException, RuntimeError) as exc:
+                return self._completion("info", mops, reports, records,
+                                        f"{why}; rewinding the consumer failed: {exc}; the process is replaced")
+        return self._completion("fail", mops, reports, records, why)
+
+    def _completion(self, kind: str, mops, reports, records, why: str | None) -> Op:
+        """The txn's completion: sends with their offsets (ok; info when acknowledged) or none
+        (fail, and what was not acknowledged) and why; polls with the records they returned."""
+        out = []
+        for i, mop in enumerate(mops):
+            if mop["f"] != "send":
+                out.append({"f": "poll", "records": records.get(i, [])})
+                continue
+            report = reports[i]
+            acked = report is not None and send_outcome(report).type(self.retries) == "ok"
+            if kind != "fail" and acked:
+                out.append(dict(mop, offset=report.offset if report.offset is not None and report.offset >= 0
+                                else None))
+            elif kind == "ok":
+                raise AssertionError(f"a committed transaction's send has no acknowledgement: {report}")
+            else:
+                if acked:
+                    detail = "acknowledged, then aborted with its transaction"
+                elif report is None:
+                    detail = "no acknowledgement before the transaction ended"
+                else:
+                    detail = report.detail or send_outcome(report).reason
+                out.append(dict(mop, offset=None, error=detail))
+        done: Op = {"type": kind, "mops": out}
+        if why:
+            done["error"] = why
+        return done
+
+
+def workload(spec) -> Workload:
+    """The transactional queue workload of a test spec."""
+
+    def client(bootstrap: str, process: int) -> TxnClient:
+        return TxnClient(bootstrap, spec.producer, spec.consumer, group_id=f"faultline-{process}", seed=spec.seed,
+                         process=process)
+
+    def main(thread: int) -> QueueGenerator:
+        return QueueGenerator.start(spec.seed, thread, spec.concurrency, spec.keys, spec.max_sends_per_op, spec.rate,
+                                    txn=True)
+
+    return Workload(
+        name="txn",
+        generator=EachThread(main),
+        final_generator=EachThread(lambda thread: FinalReads(tuple(spec.keys), spec.final_time_limit)),
+        final_unhealed=lambda why: EachThread(lambda thread: FinalReads(tuple(spec.keys), spec.final_time_limit,
+                                                                        unread=why)),
+        client=client,
+        hints={"consumer_mode": WORKLOADS["txn"].consumer_mode, "transactions": WORKLOADS["txn"].transactions},
+    )
