@@ -41,6 +41,9 @@ class WorkloadTraits:
     producer: dict = field(default_factory=dict)
     consumer: dict = field(default_factory=dict)
     summary: str = ""
+    # Kafka coordinators the workload's clients need ("transaction", "group"); the reference
+    # broker has none yet.
+    coordinators: tuple = ()
 
 
 # The workloads `--workload` names (workloads.WORKLOADS builds each; the checker reads the traits
@@ -54,6 +57,7 @@ WORKLOADS = {
         # the final reads get past it. librdkafka needs message.timeout.ms <= this.
         producer={"transaction.timeout.ms": "6000"},
         consumer={"isolation.level": "read_committed"},
+        coordinators=("transaction",),
         summary="Jepsen's transactional queue: each operation a transaction of 1-4 sends and polls "
                 "(transactional.id per process, read_committed, a share aborted on purpose)"),
 }
@@ -132,6 +136,10 @@ class TestSpec:
              f"zookeeper-nodes={zk}: an ensemble of an even size tolerates no more failures than one "
              f"member fewer and can split evenly; use an odd number (1, 3, 5)")
         need(self.workload in WORKLOADS, f"workload {self.workload!r} is unknown; choose one of {', '.join(WORKLOADS)}")
+        needs = WORKLOADS[self.workload].coordinators if self.workload in WORKLOADS else ()
+        need(self.broker == "kafka" or not needs,
+             f"workload {self.workload} needs Kafka's {' and '.join(needs)} coordinator, which the reference "
+             f"broker does not have yet; run it against Apache Kafka with --db kafka")
         need(self.backend == "local", f"backend {self.backend!r} is unknown; use 'local'")
         brokers = [f"n{i}" for i in range(1, self.nodes + 1)]
         for node, seconds in self.clock_offsets.items():

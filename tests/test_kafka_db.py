@@ -49,6 +49,8 @@ def test_the_flags_make_a_kafka_spec_and_test_json_keeps_them():
      "KRaft's"),
     (["--db", "kafka", "--kafka-feature", "transaction.version=two"], "whole number"),
     (["--db", "kafka", "--kafka-version", "latest"], "a version such as"),
+    (["--workload", "txn"], "workload txn needs Kafka's transaction coordinator, which the reference broker does "
+                            "not have yet; run it against Apache Kafka with --db kafka"),
 ])
 def test_spec_errors_say_what_to_change(argv, message):
     with pytest.raises(SpecError, match=message):
