@@ -525,8 +525,12 @@ POLL = Obj("a poll micro-operation", [
     Field("records", ListOf(RECORD, "a list of records"), allowed=Where(types=COMPLETIONS)),
 ])
 MOP = Tagged("a micro-operation: an object with f \"send\" or \"poll\"", {"send": SEND, "poll": POLL})
+REBALANCE_TYPES = ("assigned", "revoked", "lost")
 REBALANCE = Obj("an object {\"keys\": [key, ...]}", [
     Field("keys", ListOf(KEY, "a list of keys"), required=True),
+    # What the group did with them: gave them to this consumer, took them back, or took them
+    # without asking (the member was fenced or its session expired).
+    Field("type", Text(f"one of {', '.join(REBALANCE_TYPES)}", choices=REBALANCE_TYPES)),
 ])
 FINAL_READ = Obj("an object {\"key\": key, \"end\": end offset or null, \"read_to\": offset, \"outcome\": ...}", [
     Field("key", KEY, required=True),

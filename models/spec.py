@@ -60,6 +60,11 @@ WORKLOADS = {
         coordinators=("transaction",),
         summary="Jepsen's transactional queue: each operation a transaction of 1-4 sends and polls "
                 "(transactional.id per process, read_committed, a share aborted on purpose)"),
+    "subscribe": WorkloadTraits(
+        "subscribe", False, coordinators=("group",),
+        summary="the queue with group membership: consumers of one group subscribe, commit after each poll, "
+                "and leave and join as processes end, so rebalances happen (--consumer group.protocol=consumer "
+                "for KIP-848, Kafka 4.x)"),
 }
 
 

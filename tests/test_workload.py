@@ -208,3 +208,19 @@ def test_a_final_poll_that_found_a_key_end_past_what_it_returned_reaches_it():
     gen = done(gen, ctx, op, end_offsets={"t/0": 4})
     op, gen = gen.op(ctx)
     assert op["_final_reads"] == [{"key": "t/0", "end": 4, "read_to": 4, "outcome": "reached"}]
+
+
+def test_a_subscribing_stream_subscribes_first_and_after_each_crash_and_ends_processes_now_and_then():
+    gen = QueueGenerator.start(9, 1, 3, KEYS, 3, rate=100, subscribe=True)
+    stream = []
+    for _ in range(600):
+        ctx = one_thread(1)
+        op, gen = gen.op(ctx)
+        stream.append(op)
+        gen = gen.update(ctx, {**op, "type": "info" if op["f"] == "crash" else "ok", "thread": 1})
+    fs = [op["f"] for op in stream]
+    assert fs[0] == "subscribe" and "assign" not in fs
+    assert {"send", "poll", "crash"} <= set(fs)
+    # A crash ends the process; its successor joins the group before anything else.
+    assert all(fs[i + 1] == "subscribe" for i, f in enumerate(fs[:-1]) if f == "crash")
+    assert 3 <= fs.count("crash") <= 30

@@ -5,4 +5,5 @@ from . import queue, txn
 WORKLOADS = {
     "queue": queue.workload,
     "txn": txn.workload,
+    "subscribe": queue.subscribe_workload,
 }

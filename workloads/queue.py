@@ -237,13 +237,18 @@ class QueueGenerator:
     sent: int = 0
     assigned: bool = False
     txn: bool = False  # each operation after the assign a transaction of 1-4 sends and polls
+    subscribe: bool = False  # group membership (subscribe, and the odd crash) instead of assign
 
     TXN_MOPS = 4
+    # Under subscribe: the share of operations that end the process, its consumer leaving the group
+    # and its successor joining it: each a rebalance.
+    CRASH_P = 0.02
 
     @classmethod
     def start(cls, seed: int, worker: int, concurrency: int, keys: list[str], max_sends: int,
-              rate: float, txn: bool = False) -> "QueueGenerator":
-        return cls(worker, concurrency, tuple(keys), max_sends, rate, rng_state(f"{seed}/{worker}"), txn=txn)
+              rate: float, txn: bool = False, subscribe: bool = False) -> "QueueGenerator":
+        return cls(worker, concurrency, tuple(keys), max_sends, rate, rng_state(f"{seed}/{worker}"), txn=txn,
+                   subscribe=subscribe)
 
     def _send_mop(self, rng: random.Random, sent: int) -> Op:
         # A value is unique in the whole run: n * concurrency + worker.
@@ -252,6 +257,8 @@ class QueueGenerator:
     def _assign_op(self, rng: random.Random) -> Op:
         k = rng.randint(1, len(self.keys))
         keys = sorted(rng.sample(self.keys, k))
+        if self.subscribe:
+            return {"f": "subscribe", "keys": keys}
         return {"f": "assign", "keys": keys, "seek_to_beginning": rng.random() < 0.3}
 
     def op(self, ctx):
@@ -263,6 +270,8 @@ class QueueGenerator:
         sent, assigned = self.sent, True
         if not self.assigned:
             op = self._assign_op(rng)
+        elif self.subscribe and rng.random() < self.CRASH_P:
+            op = {"f": "crash"}
         else:
             roll = rng.random()
             if self.txn and roll < 0.92:
@@ -440,6 +449,8 @@ class QueueClient:
                                   "enable.partition.eof": True, **self.consumer_settings}, logger=LIBRDKAFKA_LOG)
         self.assignment = []
         self.positions = {}
+        self.subscribed = False
+        self.rebalances: list[dict] = []  # since the last poll: {"type": ..., "keys": [...]}
 
     def close(self) -> None:
         if self.consumer is not None:
@@ -464,6 +475,8 @@ class QueueClient:
             return self._poll(op)
         if f == "assign":
             return self._assign(op)
+        if f == "subscribe":
+            return self._subscribe(op)
         if f == "crash":
             # Jepsen's crash: the process ends (info), and its successor opens new clients.
             return {"type": "info", "error": "crashed on purpose: the next operation opens a new producer and "
@@ -497,7 +510,7 @@ class QueueClient:
         return send_completion(mops, reports, self.retries)
 
     def _poll(self, op: Op) -> Op:
-        if not self.assignment:
+        if not self.assignment and not self.subscribed:
             return {"type": "fail", "mops": [{"f": "poll", "records": []}], "error": "no keys assigned"}
         records = []
         error = None
@@ -530,6 +543,16 @@ class QueueClient:
                 completion["warning"] = error
         else:
             completion = {"type": "fail", "mops": [{"f": "poll", "records": records}], "error": error}
+        if self.rebalances:
+            completion["rebalance_log"], self.rebalances = self.rebalances, []
+        if self.subscribed and records:
+            # As an application of a group does (Jepsen's commitSync after each poll): the group's
+            # next owner of a key resumes where this one got.
+            try:
+                self.consumer.commit(asynchronous=False)
+            except KafkaException as exc:
+                completion["warning"] = "; ".join(filter(None, [completion.get("warning"),
+                                                                f"the offsets were not committed: {exc}"]))
         if op.get("final") and ends:
             # Where the consumer found each key's end (librdkafka's partition EOF): at the end offset
             # even when the log ends in what it never returns (transaction markers; aborted records
@@ -567,6 +590,31 @@ class QueueClient:
         if unavailable:
             done["unavailable"] = unavailable
         return done
+
+    def _subscribe(self, op: Op) -> Op:
+        """Join the group for the topics of the op's keys; which partitions this consumer gets is the
+        group's to say, in the rebalances its polls record (`rebalance_log`)."""
+        topics = sorted({parse_key(k)[0] for k in op["keys"]})
+        try:
+            self.consumer.subscribe(topics, on_assign=self._rebalanced("assigned"),
+                                    on_revoke=self._rebalanced("revoked"), on_lost=self._rebalanced("lost"))
+        except (KafkaException, RuntimeError) as exc:
+            return {"type": "fail", "error": str(exc)}
+        self.subscribed = True
+        return {"type": "ok"}
+
+    def _rebalanced(self, kind: str):
+        """A rebalance callback: logs the keys given or taken (only those that changed, under the
+        incremental protocols; the whole assignment under eager classic ones). librdkafka assigns
+        or unassigns them itself after the callback."""
+        def callback(consumer, partitions):
+            keys = sorted(f"{p.topic}/{p.partition}" for p in partitions)
+            self.rebalances.append({"type": kind, "keys": keys})
+            if kind == "assigned":
+                self.assignment = sorted(set(self.assignment) | set(keys))
+            else:
+                self.assignment = [k for k in self.assignment if k not in keys]
+        return callback
 
     def end_offsets(self, keys: list[str]) -> tuple[dict[str, int], dict[str, str]]:
         """Where each key's log ends for consumers now: its high watermark, asked of the broker
@@ -619,19 +667,36 @@ class QueueClient:
 def workload(spec) -> Workload:
     """The queue workload of a test spec: every worker assigns, sends and polls at the spec's rate,
     its stream drawn from the spec's seed; final reads of every key."""
+    return queue_workload(spec, "queue", QueueClient)
 
-    def client(bootstrap: str, process: int) -> QueueClient:
-        return QueueClient(bootstrap, spec.producer, spec.consumer, group_id=f"faultline-{process}")
+
+def subscribe_workload(spec) -> Workload:
+    """The queue workload with group membership: every worker's consumer subscribes (one group for
+    the run) and now and then ends its process, leaving the group to a successor that joins it;
+    each poll records the rebalances it went through."""
+    return queue_workload(spec, "subscribe", QueueClient, group_id="faultline-group")
+
+
+def queue_workload(spec, name: str, make_client, group_id: str | None = None, **client_args) -> Workload:
+    """A workload of the queue family (`name` in models.spec.WORKLOADS): `make_client(bootstrap,
+    producer, consumer, group_id=..., **client_args)` for each process, in the process's own
+    consumer group unless `group_id` names one for all."""
+    traits = WORKLOADS[name]
+
+    def client(bootstrap: str, process: int):
+        return make_client(bootstrap, spec.producer, spec.consumer, group_id=group_id or f"faultline-{process}",
+                           **{k: (v(process) if callable(v) else v) for k, v in client_args.items()})
 
     def main(thread: int) -> QueueGenerator:
-        return QueueGenerator.start(spec.seed, thread, spec.concurrency, spec.keys, spec.max_sends_per_op, spec.rate)
+        return QueueGenerator.start(spec.seed, thread, spec.concurrency, spec.keys, spec.max_sends_per_op, spec.rate,
+                                    txn=traits.transactions, subscribe=traits.consumer_mode == "subscribe")
 
     return Workload(
-        name="queue",
+        name=name,
         generator=EachThread(main),
         final_generator=EachThread(lambda thread: FinalReads(tuple(spec.keys), spec.final_time_limit)),
         final_unhealed=lambda why: EachThread(lambda thread: FinalReads(tuple(spec.keys), spec.final_time_limit,
                                                                         unread=why)),
         client=client,
-        hints={"consumer_mode": WORKLOADS["queue"].consumer_mode, "transactions": WORKLOADS["queue"].transactions},
+        hints={"consumer_mode": traits.consumer_mode, "transactions": traits.transactions},
     )

@@ -32,9 +32,7 @@ import random
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from .core import Workload
-from .generator import EachThread
-from ..models.spec import WORKLOADS
-from .queue import FinalReads, Op, QueueClient, QueueGenerator, Report, commit_outcome, parse_key, send_outcome
+from .queue import Op, QueueClient, Report, commit_outcome, parse_key, queue_workload, send_outcome
 
 ABORTED = "aborted on purpose"
 # Share of transactions the client aborts on purpose (Jepsen's maybe-abort).
@@ -204,21 +202,4 @@ class TxnClient(QueueClient):
 
 def workload(spec) -> Workload:
     """The transactional queue workload of a test spec."""
-
-    def client(bootstrap: str, process: int) -> TxnClient:
-        return TxnClient(bootstrap, spec.producer, spec.consumer, group_id=f"faultline-{process}", seed=spec.seed,
-                         process=process)
-
-    def main(thread: int) -> QueueGenerator:
-        return QueueGenerator.start(spec.seed, thread, spec.concurrency, spec.keys, spec.max_sends_per_op, spec.rate,
-                                    txn=True)
-
-    return Workload(
-        name="txn",
-        generator=EachThread(main),
-        final_generator=EachThread(lambda thread: FinalReads(tuple(spec.keys), spec.final_time_limit)),
-        final_unhealed=lambda why: EachThread(lambda thread: FinalReads(tuple(spec.keys), spec.final_time_limit,
-                                                                        unread=why)),
-        client=client,
-        hints={"consumer_mode": WORKLOADS["txn"].consumer_mode, "transactions": WORKLOADS["txn"].transactions},
-    )
+    return queue_workload(spec, "txn", TxnClient, seed=spec.seed, process=lambda process: process)
