@@ -130,6 +130,17 @@ def _int_nonmonotonic_send(w):
             f"value {_fmt(w, 'next_value')}, which stands at offset {_fmt(w, 'next_offset')}, not after it")
 
 
+def _ownership_overlap(w):
+    held = w.get("held") or [{}, {}]
+
+    def side(h: dict) -> str:
+        until = (f"until op {h['until_op']} took it away or ended the process" if h.get("until_op") is not None
+                 else "to the end of the history")
+        return f"process {h.get('process', '?')} held it from op {h.get('since_op', '?')} {until}"
+
+    return f"two consumers held {_fmt(w, 'key')} at once: {side(held[0])}; {side(held[-1])}"
+
+
 def _cycle(w):
     said = {"ww": "wrote {key} before", "wr": "wrote a value of {key} that was read by",
             "process": "came before, in its process, and completed ok before",
@@ -159,6 +170,7 @@ EXPLAINERS: dict[str, Callable[[dict], str]] = {
     "int-nonmonotonic-poll": _int_nonmonotonic_poll,
     "int-send-skip": _int_send_skip,
     "int-nonmonotonic-send": _int_nonmonotonic_send,
+    "ownership-overlap": _ownership_overlap,
     **{kind: _cycle for kind in names(CYCLES)},
 }
 

@@ -143,7 +143,9 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from .load import History, file_size, load_history
-from .result import SKIPPED_SHOWN, TYPES, UNEXPECTED_OPS, UNSEEN_VALUES, Analysis, unjudged_note
+from .ownership import TYPE as OWNERSHIP
+from .ownership import Call, End, overlaps, typed_entries
+from .result import SKIPPED_SHOWN, TYPES, UNEXPECTED_OPS, UNSEEN_VALUES, Analysis, unjudged_note, witness_json
 from .session import sized_for
 
 __all__ = ["TYPES", "Analysis", "analyse"]
@@ -430,6 +432,25 @@ def _unexpected(facts: DataFrame) -> DataFrame:
         "all_ops[0]", "value")
 
 
+def _ownership(spark: SparkSession, history: History) -> DataFrame:
+    """ownership-overlap (history_analysis/ownership.py): the operations with a rebalance log, and
+    the last operation of each of their processes, are few (one per rebalance a consumer went
+    through): gathered, swept in the driver, and the witnesses made a small table."""
+    ops = history.operations.filter("process != 'nemesis'")
+    logged = ops.filter("completed AND exists(rebalance_log, e -> e.type IS NOT NULL)").select(
+        "op", "invoke", "process", "rebalance_log").collect()
+    calls = [Call(r["op"], r["invoke"], int(r["process"]),
+                  typed_entries([e.asDict() for e in r["rebalance_log"]])) for r in logged]
+    ends: dict = {}
+    if calls:
+        holders = sorted({str(c.process) for c in calls})
+        for r in (ops.filter(F.col("process").isin(*holders)).groupBy("process")
+                  .agg(F.max(F.struct("op", "invoke", "type")).alias("last")).collect()):
+            ends[int(r["process"])] = End(r["last"]["op"], r["last"]["invoke"], r["last"]["type"] == "info")
+    rows = [(OWNERSHIP, s1, key, s3, 1, witness_json(w)) for s1, key, s3, w in overlaps(calls, ends)]
+    return spark.createDataFrame(rows, "type STRING, s1 LONG, s2 STRING, s3 LONG, weight LONG, json STRING")
+
+
 def _final_summaries(facts: DataFrame) -> DataFrame:
     """One internal row per key with a final chain, any evidence in its log, or a final-reads
     record: what the final reads showed (`Analysis.final_reads`), and whether an ok poll read the
@@ -652,7 +673,7 @@ def _analyse(spark: SparkSession, path: str, limit: int, full_dir: str | os.Path
         facts = _facts(history)
         parts = [_lost_write(facts), _unseen(facts), *_duplicate_and_inconsistent(facts), _unexpected(facts),
                  _orders(facts, history), _uncommitted_read(facts),
-                 _aborted_read(facts), _precommitted_read(facts), _final_summaries(facts),
+                 _aborted_read(facts), _precommitted_read(facts), _final_summaries(facts), _ownership(spark, history),
                  *_operation_stats(history)]
         witnesses = reduce(DataFrame.union, parts).persist(StorageLevel.MEMORY_AND_DISK)
         # Counts and the first `limit` witnesses of each type in one job.

@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..models.history import read_history
+from .ownership import TYPE as OWNERSHIP
+from .ownership import Call, End, overlaps, typed_entries
 from .result import (SKIPPED_SHOWN, TYPES, UNEXPECTED_OPS, UNSEEN_VALUES, Analysis, unjudged_note,
                      witness_json, witness_order)
 
@@ -56,6 +58,8 @@ class Operation:
     end_offsets: dict | None = None
     # The keys a rebalance during the operation assigned or revoked (its rebalance_log).
     rebalanced: frozenset = frozenset()
+    # Its rebalance_log's typed entries, as (type, keys) in order (ownership.typed_entries).
+    rebalance: tuple = ()
     # A final-reads record: per key, where the final reader aimed, how far it read, and how it ended.
     final_reads: list | None = None
     # A poll's: where its consumer found a key's end (history-format.md, positions).
@@ -101,7 +105,7 @@ def operations(ops: list[dict], real: int) -> tuple[list[Operation], dict[str, i
         rebalanced = frozenset(k for entry in rebalance_log or [] for k in entry.get("keys") or [])
         finals = op.get("final_reads") if op["f"] == "final-reads" and op["index"] < real else None
         out.append(Operation(index, inv["index"], process, op["type"], op["f"], mops, keys or [], bool(seek),
-                             ends, rebalanced, finals, op.get("positions")))
+                             ends, rebalanced, typed_entries(rebalance_log), finals, op.get("positions")))
     return out, stats
 
 
@@ -455,6 +459,18 @@ def _within_operations(evs: list[Event], ops: list[Operation], log: Log, pos: di
                               op, a)
 
 
+def _ownership(ops: list[Operation], found: Found) -> None:
+    """ownership-overlap (history_analysis/ownership.py), from the client operations' rebalance logs."""
+    calls = [Call(o.op, o.invoke, o.process, o.rebalance) for o in ops if o.rebalance]
+    holders = {c.process for c in calls}
+    ends: dict[Any, End] = {}
+    for o in ops:
+        if o.process in holders and (o.process not in ends or o.op > ends[o.process].op):
+            ends[o.process] = End(o.op, o.invoke, o.type == "info")
+    for s1, key, s3, witness in overlaps(calls, ends):
+        found.add(OWNERSHIP, witness, s1, s3)
+
+
 def _final_logs(evs: list[Event], ops: list[Operation], seeks: list[tuple[str, Operation]]) -> dict[str, FinalLog]:
     """result.FINAL_READS: each key's final log, as its last final read saw it."""
     start: dict[str, Operation] = {}
@@ -579,6 +595,7 @@ def analyse(path: str | Path, limit: int = 32, full_dir: str | Path | None = Non
     _chains(evs, ops, log, pos, found)
     _within_operations(evs, ops, log, pos, found)
     unjudged = _uncommitted(evs, finals, found)
+    _ownership(ops, found)
 
     notes = list(history.notes)
     if unjudged:

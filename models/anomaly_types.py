@@ -126,6 +126,12 @@ REGISTRY: tuple[AnomalyType, ...] = (
        "acknowledged offsets and what polls returned): other writes landed between them"),
     _t("int-nonmonotonic-send", ENGINE, (NO_DUPLICATES, NO_LOSS),
        "two sends of one operation to one key stand in the log (by their version order) in reverse order"),
+    _t("ownership-overlap", ENGINE, (),
+       "two consumers of a group held one key at once, by their rebalance logs: one was given the key before "
+       "the other's consumer was told it was taken away (or before its process ended)",
+       never_bad="never promised: a group coordinator gives away the keys of a member it expelled (its session "
+                 "expired, or it was fenced) while that member, not yet told, goes on fetching; only its offset "
+                 "commits are refused"),
     # --- the checker's cycle search ---
     _t("G0", CYCLES, (WRITE_ISOLATION, NO_LOSS),
        "write cycle: operations whose writes to two keys are ordered one way in one key's log and the other "
@@ -198,6 +204,8 @@ JEPSEN: dict[str, tuple[str, str]] = {
     "int-send-skip": ("int-send-skip+nonmonotonic-cases", "Jepsen always allows it; faultline forbids it only under "
                                                           "a model claiming write isolation"),
     "int-nonmonotonic-send": ("int-send-skip+nonmonotonic-cases", ""),
+    "ownership-overlap": ("-", "faultline's own: reads the rebalance logs' types (assigned, revoked, lost), "
+                               "which Jepsen records but does not judge"),
     "G0": ("cycles! (ww-graph)", "Jepsen draws ww edges only with ww-deps; faultline always does, and allows the "
                                  "cycles that need them unless the model claims write isolation"),
     "G1c-ww": ("cycles! (ww-graph + wr-graph)", "Jepsen's G1c with ww-deps"),

@@ -75,11 +75,14 @@ class Builder:
         return self.op(process, f, type_, {"mops": invoke}, {"mops": done}, completed)
 
     def poll(self, process: int, records: list[tuple[str, int, int]], type_: str = "ok",
-             completed: bool = True, positions: dict[str, int] | None = None) -> int:
-        """positions: where the consumer found each key's end (the completion's `positions`)."""
+             completed: bool = True, positions: dict[str, int] | None = None,
+             rebalances: list[tuple[str, list[str]]] | None = None) -> int:
+        """positions: where the consumer found each key's end (the completion's `positions`);
+        rebalances: its rebalance_log, as (type, keys) entries (type None: an untyped entry)."""
         done = [{"f": "poll", "records": [{"key": k, "offset": o, "value": v} for k, o, v in records]}]
-        return self.op(process, "poll", type_, {"mops": [{"f": "poll"}]}, {"mops": done, "positions": positions},
-                       completed)
+        log = None if rebalances is None else [{"keys": keys, **({"type": t} if t else {})} for t, keys in rebalances]
+        return self.op(process, "poll", type_, {"mops": [{"f": "poll"}]},
+                       {"mops": done, "positions": positions, "rebalance_log": log}, completed)
 
     def txn(self, process: int, mops: list[tuple], type_: str = "ok", completed: bool = True) -> int:
         """A transaction (`f: txn`): mops are ("send", key, value, offset) and ("poll", [(key, offset,

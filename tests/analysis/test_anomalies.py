@@ -759,6 +759,72 @@ def test_final_reads_summarise_every_key_with_evidence_or_a_final_chain(catalog)
     assert "stats-t/0" not in summaries
 
 
+# --- ownership-overlap ---------------------------------------------------------------
+
+
+@scenario
+def two_consumers_hold_a_key(s):
+    k, a, b = s.key(), s.process(), s.process()
+    s.assign(a, [k], f="subscribe")
+    s.assign(b, [k], f="subscribe")
+    a_given = s.poll(a, [], rebalances=[("assigned", [k])])
+    # b is given the key while a has not yet been told it lost it (a zombie member)
+    b_given = s.poll(b, [], rebalances=[("assigned", [k])])
+    a_taken = s.poll(a, [], rebalances=[("lost", [k])])
+    return {"a": a, "b": b, "a_given": a_given, "b_given": b_given, "a_taken": a_taken}
+
+
+@scenario
+def a_key_handed_over(s):
+    k, a, b = s.key(), s.process(), s.process()
+    s.assign(a, [k], f="subscribe")
+    s.assign(b, [k], f="subscribe")
+    s.poll(a, [], rebalances=[("assigned", [k])])
+    s.poll(a, [], rebalances=[("revoked", [k])])
+    s.poll(b, [], rebalances=[("assigned", [k])])
+    # untyped entries say nothing of holding
+    s.poll(a, [], rebalances=[(None, [k])])
+
+
+@scenario
+def a_key_held_into_a_crash(s):
+    k, a, b = s.key(), s.process(), s.process()
+    s.assign(a, [k], f="subscribe")
+    s.assign(b, [k], f="subscribe")
+    a_given = s.poll(a, [], rebalances=[("assigned", [k])])
+    b_given = s.poll(b, [], rebalances=[("assigned", [k])])
+    crash = s.op(a, "crash", "info", {})  # a's consumer closes only now
+    return {"a": a, "b": b, "a_given": a_given, "b_given": b_given, "crash": crash}
+
+
+@scenario
+def a_key_given_after_its_holder_crashed(s):
+    k, a, b = s.key(), s.process(), s.process()
+    s.assign(a, [k], f="subscribe")
+    s.assign(b, [k], f="subscribe")
+    s.poll(a, [], rebalances=[("assigned", [k])])
+    s.op(a, "crash", "info", {})
+    s.poll(b, [], rebalances=[("assigned", [k])])
+
+
+def test_two_consumers_that_held_one_key_at_once_are_an_ownership_overlap(found):
+    f, ix = found("two_consumers_hold_a_key")
+    assert set(f) == {"ownership-overlap"}
+    assert f["ownership-overlap"] == [{
+        "key": "two_consumers_hold_a_key-t/0",
+        "held": [{"process": ix["a"], "since_op": ix["a_given"], "until_op": ix["a_taken"]},
+                 {"process": ix["b"], "since_op": ix["b_given"], "until_op": None}],
+        "ops": [ix["a_given"], ix["b_given"]]}]
+    f, ix = found("a_key_held_into_a_crash")
+    assert f["ownership-overlap"][0]["held"][0] == {"process": ix["a"], "since_op": ix["a_given"],
+                                                    "until_op": ix["crash"]}
+
+
+def test_a_key_taken_back_or_its_holder_gone_before_it_is_given_again_is_no_overlap(found):
+    assert found("a_key_handed_over")[0] == {}
+    assert found("a_key_given_after_its_holder_crashed")[0] == {}
+
+
 # --- G1a and precommitted-read -------------------------------------------------------
 
 @scenario
