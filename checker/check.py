@@ -73,7 +73,7 @@ def model_for(directory: Path, override: str | None) -> tuple[Model, str | None]
                                                          f"--model", field="model") from None
     return model_for_settings(spec.get("producer") or {}, mode, spec.get("broker_settings") or {},
                               spec.get("nemesis") or [], spec.get("consumer") or {},
-                              transactions=traits.transactions), None
+                              transactions=traits.transactions, commit=traits.commit), None
 
 
 ENGINES = ("spark", "python")

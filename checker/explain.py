@@ -130,6 +130,17 @@ def _int_nonmonotonic_send(w):
             f"value {_fmt(w, 'next_value')}, which stands at offset {_fmt(w, 'next_offset')}, not after it")
 
 
+def _lost_consumption(w):
+    return (f"the group committed offset {_fmt(w, 'committed')} of {_fmt(w, 'key')} ({_ops(w.get('ops'))}), past "
+            f"offset {_fmt(w, 'offset')} (value {_fmt(w, 'value')}), which no member processed")
+
+
+def _duplicate_consumption(w):
+    return (f"offset {_fmt(w, 'offset')} of {_fmt(w, 'key')} (value {_fmt(w, 'value')}) was processed "
+            f"{len(w.get('ops') or [])} times, by processes {', '.join(str(p) for p in w.get('processes') or [])} "
+            f"({_ops(w.get('ops'))})")
+
+
 def _ownership_overlap(w):
     held = w.get("held") or [{}, {}]
 
@@ -170,6 +181,8 @@ EXPLAINERS: dict[str, Callable[[dict], str]] = {
     "int-nonmonotonic-poll": _int_nonmonotonic_poll,
     "int-send-skip": _int_send_skip,
     "int-nonmonotonic-send": _int_nonmonotonic_send,
+    "lost-consumption": _lost_consumption,
+    "duplicate-consumption": _duplicate_consumption,
     "ownership-overlap": _ownership_overlap,
     **{kind: _cycle for kind in names(CYCLES)},
 }

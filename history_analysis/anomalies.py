@@ -66,6 +66,15 @@ ends before completing), and `process` is an integer. Fields per type:
 - nonmonotonic-send: process, key, prev_offset, next_offset (positions in
   the version order), prev_value, next_value, ops = [earlier send, later
   send];
+- duplicate-consumption (one per key and offset): key, offset, value,
+  processes, ops (the ok process operations that processed it, in order;
+  processes[i] ran ops[i]);
+- lost-consumption (one per key, offset and value of the log): key, offset,
+  value, committed (the highest offset an ok commit or committed operation
+  gave the key), committed_op (the earliest that gave it), ops =
+  [committed_op];
+- ownership-overlap: key, held (two holdings: process, since_op, until_op;
+  history_analysis/ownership.py), ops = [the two since_ops];
 - uncommitted-read (one per key, offset and value read): key, offset,
   value, final_value (null: the final log
   holds nothing there), final_op (the final-chain poll that read the
@@ -120,6 +129,10 @@ Definitions (shared/anomalies.md, made precise; reference.py is the oracle):
   process's later polls of it, of any outcome), its end (the latest `ok`
   `end_offsets` entry for it), whether it is complete, and the outcome the
   latest completed `final-reads` operation recorded for it;
+- duplicate-consumption: a record (key, offset) that two or more `ok`
+  process operations processed; lost-consumption: an offset of the log of a
+  key, below the highest offset `ok` commit or committed operations gave the
+  key, that no `ok` or `info` process operation processed;
 - uncommitted-read: an `ok` poll's (offset, value) is uncommitted when the
   final log holds other values there, or nothing while the final chain read
   a higher offset, or nothing at or beyond the end of a complete final log.
@@ -173,7 +186,9 @@ def _events(history: History) -> DataFrame:
     outcome; offset as acknowledged, if any); 'a': an `ok` assign with
     seek_to_beginning naming the key; 'e': an `ok` operation's `end_offsets`
     entry for the key (offset: where the broker said its log ends); 'p': a
-    poll's `positions` entry (offset: where its consumer found the end); 'f': a
+    poll's `positions` entry (offset: where its consumer found the end); 'q': a
+    record an `ok` or `info` process operation processed; 'c': an `ok` commit
+    or committed operation's `offsets` entry for the key; 'f': a
     record of a completed `final-reads` operation naming the key (value: the
     1-based place of its outcome in _OUTCOMES; pos: its place in the
     record). Columns: key, kind, op, invoke, process, type (of the
@@ -213,14 +228,22 @@ def _events(history: History) -> DataFrame:
     positions = (ops.filter("positions IS NOT NULL")
                  .selectExpr("explode(positions) AS (key, offset)", "'p' AS kind", "CAST(NULL AS LONG) AS value",
                              "CAST(0 AS LONG) AS pos", *rest))
-    parts = [mop_events, seeks, ends, positions]
+    named = [c.split(" AS ")[-1] for c in rest]
+    processed = (ops.filter("f = 'process' AND type IN ('ok', 'info') AND processed IS NOT NULL")
+                 .selectExpr("posexplode(processed) AS (i, r)", *rest)
+                 .selectExpr("r.key AS key", "'q' AS kind", "r.offset AS offset", "r.value AS value",
+                             "CAST(i AS LONG) AS pos", *named))
+    commits = (ops.filter("f IN ('commit', 'committed') AND type = 'ok' AND offsets IS NOT NULL")
+               .selectExpr("explode(offsets) AS (key, offset)", "'c' AS kind", "CAST(NULL AS LONG) AS value",
+                           "CAST(0 AS LONG) AS pos", *rest))
+    parts = [mop_events, seeks, ends, positions, processed, commits]
     if "final_reads" in history.operations.columns:
         parts.append(
             ops.filter("f = 'final-reads' AND completed AND final_reads IS NOT NULL")
             .selectExpr("posexplode(final_reads) AS (i, r)", *rest)
             .selectExpr("r.key AS key", "'f' AS kind", "CAST(NULL AS LONG) AS offset",
                         f"CAST(array_position({_OUTCOME_ARRAY}, r.outcome) AS LONG) AS value",
-                        "CAST(i AS LONG) AS pos", *[c.split(" AS ")[-1] for c in rest]))
+                        "CAST(i AS LONG) AS pos", *named))
     return reduce(DataFrame.unionByName, parts).repartition("key")
 
 
@@ -432,10 +455,32 @@ def _unexpected(facts: DataFrame) -> DataFrame:
         "all_ops[0]", "value")
 
 
-def _ownership(spark: SparkSession, history: History) -> DataFrame:
+def _consumption(facts: DataFrame) -> list[DataFrame]:
+    """duplicate-consumption and lost-consumption (see the module docstring)."""
+    twice = (facts.filter("kind = 'q' AND type = 'ok'").groupBy("key", "offset")
+             .agg(F.sort_array(F.collect_set(F.struct("op", "process", "value"))).alias("by"))
+             .filter("size(by) > 1"))
+    dup = _witness("duplicate-consumption", twice,
+                   "'key', key, 'offset', offset, 'value', by[0].value, "
+                   "'processes', transform(by, b -> CAST(b.process AS LONG)), 'ops', transform(by, b -> b.op)",
+                   "by[0].op", "offset")
+    committed = (facts.filter("kind = 'c'").groupBy("key")
+                 .agg(F.max(F.struct("offset", F.expr("-op").alias("neg"))).alias("c"))
+                 .selectExpr("key", "c.offset AS upto", "-c.neg AS committed_op"))
+    maybe = facts.filter("kind = 'q'").select("key", "offset").distinct()
+    lost = (facts.filter("lo IS NOT NULL").selectExpr("key", "lo AS offset", "value").distinct()
+            .join(committed, "key").filter("offset < upto")
+            .join(maybe, ["key", "offset"], "left_anti"))
+    return [dup, _witness("lost-consumption", lost,
+                          "'key', key, 'offset', offset, 'value', value, 'committed', upto, "
+                          "'committed_op', committed_op, 'ops', array(committed_op)", "committed_op", "offset")]
+
+
+def _ownership(spark: SparkSession, history: History) -> list[DataFrame]:
     """ownership-overlap (history_analysis/ownership.py): the operations with a rebalance log, and
     the last operation of each of their processes, are few (one per rebalance a consumer went
-    through): gathered, swept in the driver, and the witnesses made a small table."""
+    through): gathered, swept in the driver, and the witnesses made a small table (none when
+    there are none)."""
     ops = history.operations.filter("process != 'nemesis'")
     logged = ops.filter("completed AND exists(rebalance_log, e -> e.type IS NOT NULL)").select(
         "op", "invoke", "process", "rebalance_log").collect()
@@ -448,7 +493,9 @@ def _ownership(spark: SparkSession, history: History) -> DataFrame:
                   .agg(F.max(F.struct("op", "invoke", "type")).alias("last")).collect()):
             ends[int(r["process"])] = End(r["last"]["op"], r["last"]["invoke"], r["last"]["type"] == "info")
     rows = [(OWNERSHIP, s1, key, s3, 1, witness_json(w)) for s1, key, s3, w in overlaps(calls, ends)]
-    return spark.createDataFrame(rows, "type STRING, s1 LONG, s2 STRING, s3 LONG, weight LONG, json STRING")
+    if not rows:
+        return []
+    return [spark.createDataFrame(rows, "type STRING, s1 LONG, s2 STRING, s3 LONG, weight LONG, json STRING")]
 
 
 def _final_summaries(facts: DataFrame) -> DataFrame:
@@ -673,7 +720,8 @@ def _analyse(spark: SparkSession, path: str, limit: int, full_dir: str | os.Path
         facts = _facts(history)
         parts = [_lost_write(facts), _unseen(facts), *_duplicate_and_inconsistent(facts), _unexpected(facts),
                  _orders(facts, history), _uncommitted_read(facts),
-                 _aborted_read(facts), _precommitted_read(facts), _final_summaries(facts), _ownership(spark, history),
+                 _aborted_read(facts), _precommitted_read(facts), _final_summaries(facts), *_ownership(spark, history),
+                 *_consumption(facts),
                  *_operation_stats(history)]
         witnesses = reduce(DataFrame.union, parts).persist(StorageLevel.MEMORY_AND_DISK)
         # Counts and the first `limit` witnesses of each type in one job.

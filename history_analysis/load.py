@@ -76,6 +76,7 @@ from .session import sized_for
 
 LINE_COLUMNS = ["line", *schema.FIELD_NAMES]
 FINAL_READS_TYPE = "ARRAY<STRUCT<key: STRING, end: BIGINT, read_to: BIGINT, outcome: STRING>>"
+PROCESSED_TYPE = "ARRAY<STRUCT<key: STRING, offset: BIGINT, value: BIGINT>>"
 
 
 @dataclass
@@ -426,6 +427,8 @@ def _history(path: str, state: dict[str, Any], parsed: DataFrame, paired: DataFr
         # The completion's own: an end offset is an answer, never part of a request.
         "end_offsets",
         "positions",
+        "processed",
+        "offsets",
         "final_reads",
         "coalesce(final, prev_final) AS final",
     )
@@ -436,6 +439,8 @@ def _history(path: str, state: dict[str, Any], parsed: DataFrame, paired: DataFr
         "'never completed: the history ends first' AS error", "node", "assignment",
         "CAST(NULL AS MAP<STRING, BIGINT>) AS end_offsets",
         "CAST(NULL AS MAP<STRING, BIGINT>) AS positions",
+        f"CAST(NULL AS {PROCESSED_TYPE}) AS processed",
+        "CAST(NULL AS MAP<STRING, BIGINT>) AS offsets",
         f"CAST(NULL AS {FINAL_READS_TYPE}) AS final_reads",
         "final",
     )

@@ -64,6 +64,9 @@ class Operation:
     final_reads: list | None = None
     # A poll's: where its consumer found a key's end (history-format.md, positions).
     positions: dict | None = None
+    # A process operation's records; a commit's (or committed's) offsets.
+    processed: list | None = None
+    offsets: dict | None = None
 
 
 def operations(ops: list[dict], real: int) -> tuple[list[Operation], dict[str, int]]:
@@ -105,7 +108,8 @@ def operations(ops: list[dict], real: int) -> tuple[list[Operation], dict[str, i
         rebalanced = frozenset(k for entry in rebalance_log or [] for k in entry.get("keys") or [])
         finals = op.get("final_reads") if op["f"] == "final-reads" and op["index"] < real else None
         out.append(Operation(index, inv["index"], process, op["type"], op["f"], mops, keys or [], bool(seek),
-                             ends, rebalanced, typed_entries(rebalance_log), finals, op.get("positions")))
+                             ends, rebalanced, typed_entries(rebalance_log), finals, op.get("positions"),
+                             op.get("processed"), op.get("offsets")))
     return out, stats
 
 
@@ -459,6 +463,37 @@ def _within_operations(evs: list[Event], ops: list[Operation], log: Log, pos: di
                               op, a)
 
 
+def _consumption(ops: list[Operation], facts: dict[tuple, int], found: Found) -> None:
+    """duplicate-consumption (a record that ok process operations processed twice or more) and
+    lost-consumption (a record of the log below the highest offset an ok commit or committed
+    operation gave its key, that no ok or info process operation processed)."""
+    processed: dict[tuple[str, int], dict[int, tuple]] = defaultdict(dict)  # (key, offset) -> op -> (process, value)
+    maybe: set[tuple[str, int]] = set()
+    for o in ops:
+        if o.f == "process" and o.type in ("ok", "info"):
+            for r in o.processed or []:
+                maybe.add((r["key"], r["offset"]))
+                if o.type == "ok":
+                    processed[(r["key"], r["offset"])].setdefault(o.op, (o.process, r["value"]))
+    for (key, offset), by_op in processed.items():
+        if len(by_op) > 1:
+            ops_ = sorted(by_op)
+            found.add("duplicate-consumption", {"key": key, "offset": offset, "value": by_op[ops_[0]][1],
+                                                "processes": [by_op[op][0] for op in ops_], "ops": ops_},
+                      ops_[0], offset)
+    committed: dict[str, tuple[int, int]] = {}  # key -> (highest offset committed, the earliest op that did)
+    for o in ops:
+        if o.f in ("commit", "committed") and o.type == "ok":
+            for key, offset in (o.offsets or {}).items():
+                if key not in committed or (offset, -o.op) > (committed[key][0], -committed[key][1]):
+                    committed[key] = (offset, o.op)
+    for key, offset, value in facts:
+        if key in committed and offset < committed[key][0] and (key, offset) not in maybe:
+            upto, op = committed[key]
+            found.add("lost-consumption", {"key": key, "offset": offset, "value": value, "committed": upto,
+                                           "committed_op": op, "ops": [op]}, op, offset)
+
+
 def _ownership(ops: list[Operation], found: Found) -> None:
     """ownership-overlap (history_analysis/ownership.py), from the client operations' rebalance logs."""
     calls = [Call(o.op, o.invoke, o.process, o.rebalance) for o in ops if o.rebalance]
@@ -596,6 +631,7 @@ def analyse(path: str | Path, limit: int = 32, full_dir: str | Path | None = Non
     _within_operations(evs, ops, log, pos, found)
     unjudged = _uncommitted(evs, finals, found)
     _ownership(ops, found)
+    _consumption(ops, facts, found)
 
     notes = list(history.notes)
     if unjudged:

@@ -34,6 +34,8 @@ NO_LOSS = "no-loss"
 NO_DUPLICATES = "no-duplicates"
 ATOMIC_TRANSACTIONS = "atomic-transactions"
 WRITE_ISOLATION = "write-isolation"
+NO_LOST_CONSUMPTION = "no-lost-consumption"
+NO_DUPLICATE_CONSUMPTION = "no-duplicate-consumption"
 
 PROMISES: dict[str, str] = {
     READABLE_LOG: "every value a consumer reads was sent to that key by some operation",
@@ -50,6 +52,10 @@ PROMISES: dict[str, str] = {
                          "and it reads only committed writes",
     WRITE_ISOLATION: "the writes of one operation are isolated from other operations' writes (serializable "
                      "writes); Kafka never promises this",
+    NO_LOST_CONSUMPTION: "a consumer group's committed offset passes only records some member processed (the "
+                         "application commits after processing)",
+    NO_DUPLICATE_CONSUMPTION: "a consumer group processes each record at most once (the application commits "
+                              "before processing)",
 }
 
 
@@ -126,6 +132,11 @@ REGISTRY: tuple[AnomalyType, ...] = (
        "acknowledged offsets and what polls returned): other writes landed between them"),
     _t("int-nonmonotonic-send", ENGINE, (NO_DUPLICATES, NO_LOSS),
        "two sends of one operation to one key stand in the log (by their version order) in reverse order"),
+    _t("lost-consumption", ENGINE, (NO_LOST_CONSUMPTION,),
+       "a consumer group's committed offset of a key passed a record that no member processed (nor may have: "
+       "a processing whose outcome is unknown counts as done)"),
+    _t("duplicate-consumption", ENGINE, (NO_DUPLICATE_CONSUMPTION,),
+       "a record that members of a consumer group certainly processed twice or more"),
     _t("ownership-overlap", ENGINE, (),
        "two consumers of a group held one key at once, by their rebalance logs: one was given the key before "
        "the other's consumer was told it was taken away (or before its process ended)",
@@ -204,6 +215,8 @@ JEPSEN: dict[str, tuple[str, str]] = {
     "int-send-skip": ("int-send-skip+nonmonotonic-cases", "Jepsen always allows it; faultline forbids it only under "
                                                           "a model claiming write isolation"),
     "int-nonmonotonic-send": ("int-send-skip+nonmonotonic-cases", ""),
+    "lost-consumption": ("-", "faultline's own: reads the consumers' process and commit operations"),
+    "duplicate-consumption": ("-", "faultline's own: reads the consumers' process operations"),
     "ownership-overlap": ("-", "faultline's own: reads the rebalance logs' types (assigned, revoked, lost), "
                                "which Jepsen records but does not judge"),
     "G0": ("cycles! (ww-graph)", "Jepsen draws ww edges only with ww-deps; faultline always does, and allows the "

@@ -44,9 +44,16 @@ What Kafka's documentation promises, and which setting withdraws each promise:
   operations (each sends, then polls the other's write) is a legal interleaving.
 - write-isolation: never promised by Kafka (other producers' writes land between and around a
   transaction's); claimed only by a model name that asks for it, e.g. `exactly-once+write-isolation`.
+- no-lost-consumption and no-duplicate-consumption: what a consumer group's application gets from
+  when it commits its offsets (the workload's `commit` mode): committing after processing loses
+  nothing but may process again what a killed member had processed and not committed; committing
+  before processing never processes twice but loses what a killed member had committed and not
+  processed; auto-commit (in the background, at any point) promises neither. A run whose consumers
+  commit no offsets claims both: it has nothing to judge.
 
-The four model names are the base: exactly-once (no-loss and no-duplicates), at-least-once (no-loss),
-at-most-once (no-duplicates), best-effort (neither); each also claims readable-log,
+The four model names are the base: exactly-once (no-loss and no-duplicates, and of consumption
+no-lost-consumption and no-duplicate-consumption), at-least-once (no-loss, no-lost-consumption),
+at-most-once (no-duplicates, no-duplicate-consumption), best-effort (neither); each also claims readable-log,
 no-aborted-reads, durable-commits, consumer-order and atomic-transactions (the strictest reading of
 a history alone, whose mixed operations are transactions). A model derived from settings takes its
 base name from the promises it claims, and says in parentheses which broker setting or fault
@@ -60,8 +67,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from .anomaly_types import (ATOMIC_TRANSACTIONS, CONSUMER_ORDER, DURABLE_COMMITS, NO_ABORTED_READS, NO_DUPLICATES,
-                            NO_LOSS, PROMISES, READABLE_LOG, REGISTRY, WRITE_ISOLATION, lookup)
+from .anomaly_types import (ATOMIC_TRANSACTIONS, CONSUMER_ORDER, DURABLE_COMMITS, NO_ABORTED_READS,
+                            NO_DUPLICATE_CONSUMPTION, NO_DUPLICATES, NO_LOSS, NO_LOST_CONSUMPTION, PROMISES,
+                            READABLE_LOG, REGISTRY, WRITE_ISOLATION, lookup)
 
 LONG_MAX = 2**63 - 1
 # Nemesis kinds that cannot make a replica fail: every other kind (kill, pause, power loss, partition,
@@ -207,6 +215,30 @@ def _consumer_order(consumer_mode: str) -> Claim:
                                         f"from its position",))
 
 
+COMMIT_MODES = ("auto", "after", "before")
+
+
+def _consumption(commit: str | None) -> tuple[Claim, Claim]:
+    """The consumption promises for a consumer group that commits `commit` (None: commits nothing)."""
+    if commit is None:
+        why = "no consumer group commits offsets: nothing to lose or repeat"
+        return Claim(NO_LOST_CONSUMPTION, True, (why,)), Claim(NO_DUPLICATE_CONSUMPTION, True, (why,))
+    if commit not in COMMIT_MODES:
+        raise ValueError(f"commit mode {commit!r}: choose one of {', '.join(COMMIT_MODES)}")
+    auto = "enable.auto.commit=true: offsets are committed in the background, at any point of processing"
+    lost = (Claim(NO_LOST_CONSUMPTION, True, ("offsets committed after processing: a killed member's successor "
+                                              "resumes at or before what it processed",)) if commit == "after"
+            else Claim(NO_LOST_CONSUMPTION, False, (auto if commit == "auto" else
+                                                    "offsets committed before processing: a member killed between "
+                                                    "the two never processes what it committed",)))
+    dup = (Claim(NO_DUPLICATE_CONSUMPTION, True, ("offsets committed before processing: a killed member's "
+                                                  "successor resumes after what it processed",)) if commit == "before"
+           else Claim(NO_DUPLICATE_CONSUMPTION, False, (auto if commit == "auto" else
+                                                        "offsets committed after processing: a member killed "
+                                                        "between the two has its records processed again",)))
+    return lost, dup
+
+
 def _named_name(name: str) -> str:
     return f"the model named {name}"
 
@@ -224,8 +256,8 @@ def model_named(name: str, consumer_mode: str = "assign") -> Model:
         raise ValueError(f"model {name!r}: unknown promise(s) {', '.join(unknown)}; known: {', '.join(PROMISES)}")
     no_loss, no_duplicates = flags
     claimed = {READABLE_LOG, NO_ABORTED_READS, DURABLE_COMMITS, ATOMIC_TRANSACTIONS, *extra}
-    claimed |= {NO_LOSS} if no_loss else set()
-    claimed |= {NO_DUPLICATES} if no_duplicates else set()
+    claimed |= {NO_LOSS, NO_LOST_CONSUMPTION} if no_loss else set()
+    claimed |= {NO_DUPLICATES, NO_DUPLICATE_CONSUMPTION} if no_duplicates else set()
     claims = []
     for promise in PROMISES:
         if promise == CONSUMER_ORDER and CONSUMER_ORDER not in extra:
@@ -242,10 +274,12 @@ def model_named(name: str, consumer_mode: str = "assign") -> Model:
 
 def model_for_settings(producer: Mapping[str, Any], consumer_mode: str = "assign",
                        broker_settings: Mapping[str, Any] | None = None, nemesis: Iterable[str] | None = None,
-                       consumer: Mapping[str, Any] | None = None, transactions: bool = False) -> Model:
+                       consumer: Mapping[str, Any] | None = None, transactions: bool = False,
+                       commit: str | None = None) -> Model:
     """The model Kafka's documentation promises for these settings (see the module's docstring);
     `transactions`: the workload runs each operation as a transaction, with a transactional.id of
-    its own per process (as a producer setting would say for one)."""
+    its own per process (as a producer setting would say for one); `commit`: when its consumer
+    group's application commits offsets (auto, after or before processing; None: it does not)."""
     producer = producer or {}
     broker = broker_settings or {}
     consumer = consumer or {}
@@ -331,6 +365,7 @@ def model_for_settings(producer: Mapping[str, Any], consumer_mode: str = "assign
         Claim(WRITE_ISOLATION, False, ("Kafka promises no write isolation: other producers' writes land between "
                                        "and around an operation's (ask with a model name, e.g. "
                                        "exactly-once+write-isolation)",)),
+        *_consumption(commit),
     )
     model = Model("", claims, "")
     base = BASE_NAMES[(NO_LOSS in model.promises, NO_DUPLICATES in model.promises)]

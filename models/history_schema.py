@@ -43,7 +43,8 @@ TYPES = ("invoke", "ok", "fail", "info")
 COMPLETIONS = ("ok", "fail", "info")
 MOP_FUNCTIONS = ("send", "poll", "txn")
 KEY_FUNCTIONS = ("assign", "subscribe")
-CLIENT_FUNCTIONS = ("send", "poll", "txn", "assign", "subscribe", "crash", "final-reads")
+CLIENT_FUNCTIONS = ("send", "poll", "txn", "assign", "subscribe", "crash", "final-reads", "process", "commit",
+                    "committed")
 OUTCOMES = ("reached", "unavailable", "timeout")
 FORMAT = "docs/history-format.md"
 
@@ -557,6 +558,13 @@ LINE = Obj("a JSON object", [
     Field("warning", TEXT),
     Field("final", BOOL, allowed=Where(client=True)),
     Field("end_offsets", MapOf(KEY, END, "an object of key -> end offset"), allowed=Where(client=True, types=COMPLETIONS)),
+    # On a process operation's completion: the records the consumer's application processed.
+    Field("processed", ListOf(RECORD, "a list of records"), allowed=Where(client=True, fs=("process",),
+                                                                           types=COMPLETIONS)),
+    # On a commit's completion: the offsets it committed for the group (the next offset to read);
+    # on a committed operation's: the group's committed offsets, as the broker said.
+    Field("offsets", MapOf(KEY, END, "an object of key -> offset"),
+          allowed=Where(client=True, fs=("commit", "committed"), types=COMPLETIONS)),
     # On a poll's completion: where the consumer found a key's end (the offset it reads next),
     # past what it never returns (transaction markers; aborted records under read_committed).
     Field("positions", MapOf(KEY, END, "an object of key -> offset"),

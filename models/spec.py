@@ -44,6 +44,9 @@ class WorkloadTraits:
     # Kafka coordinators the workload's clients need ("transaction", "group"); the reference
     # broker has none yet.
     coordinators: tuple = ()
+    # When its consumer group's application commits offsets: "auto", "after" or "before" processing
+    # (None: it commits none that processing depends on).
+    commit: str | None = None
 
 
 # The workloads `--workload` names (workloads.WORKLOADS builds each; the checker reads the traits
@@ -60,6 +63,11 @@ WORKLOADS = {
         coordinators=("transaction",),
         summary="Jepsen's transactional queue: each operation a transaction of 1-4 sends and polls "
                 "(transactional.id per process, read_committed, a share aborted on purpose)"),
+    "txn-subscribe": WorkloadTraits(
+        "subscribe", True, producer={"transaction.timeout.ms": "6000"}, consumer={"isolation.level": "read_committed"},
+        coordinators=("transaction", "group"),
+        summary="txn with group membership (as subscribe): each transaction also commits the group's offsets of "
+                "what it read (send_offsets_to_transaction)"),
     "subscribe": WorkloadTraits(
         "subscribe", False, coordinators=("group",),
         summary="the queue with group membership: consumers of one group subscribe, commit after each poll, "
@@ -143,8 +151,8 @@ class TestSpec:
         need(self.workload in WORKLOADS, f"workload {self.workload!r} is unknown; choose one of {', '.join(WORKLOADS)}")
         needs = WORKLOADS[self.workload].coordinators if self.workload in WORKLOADS else ()
         need(self.broker == "kafka" or not needs,
-             f"workload {self.workload} needs Kafka's {' and '.join(needs)} coordinator, which the reference "
-             f"broker does not have yet; run it against Apache Kafka with --db kafka")
+             f"workload {self.workload} needs Kafka's {' and '.join(needs)} coordinator"
+             f"{'s' if len(needs) > 1 else ''}, which the reference broker does not have yet; run it against Apache Kafka with --db kafka")
         need(self.backend == "local", f"backend {self.backend!r} is unknown; use 'local'")
         brokers = [f"n{i}" for i in range(1, self.nodes + 1)]
         for node, seconds in self.clock_offsets.items():

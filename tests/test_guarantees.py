@@ -30,6 +30,7 @@ EXACTLY_ONCE = READS | LOSS | {"duplicate", "int-nonmonotonic-send"}
 # What the transactions promise adds for a named model: the reads of an atomic operation, and the
 # cycles of write-read dependencies (with or without order), which follow values, not offsets.
 NAMED_TXN = {"precommitted-read", "G1c", "G1c-process", "G1c-realtime"}
+LOST_CONSUMPTION, DUPLICATE_CONSUMPTION = {"lost-consumption"}, {"duplicate-consumption"}
 
 
 # --- the registry --------------------------------------------------------------------
@@ -101,9 +102,9 @@ def test_the_verdict_fails_closed_on_a_type_missing_from_the_registry(model, nam
 # --- named models ------------------------------------------------------------------
 
 @pytest.mark.parametrize("name, forbidden", [
-    ("exactly-once", EXACTLY_ONCE | NAMED_TXN),
-    ("at-least-once", READS | LOSS | NAMED_TXN),
-    ("at-most-once", READS | {"duplicate"} | NAMED_TXN),
+    ("exactly-once", EXACTLY_ONCE | NAMED_TXN | LOST_CONSUMPTION | DUPLICATE_CONSUMPTION),
+    ("at-least-once", READS | LOSS | NAMED_TXN | LOST_CONSUMPTION),
+    ("at-most-once", READS | {"duplicate"} | NAMED_TXN | DUPLICATE_CONSUMPTION),
     ("best-effort", READS | NAMED_TXN),
     ("exactly-once+write-isolation", ALL - NEVER_BAD),
 ])
@@ -111,6 +112,20 @@ def test_named_models(name, forbidden):
     model = model_named(name)
     assert model.name == name and model.forbidden == forbidden
     assert model.allowed == ALL - forbidden
+
+
+@pytest.mark.parametrize("commit, forbidden, allowed", [
+    (None, LOST_CONSUMPTION | DUPLICATE_CONSUMPTION, set()),
+    ("after", LOST_CONSUMPTION, DUPLICATE_CONSUMPTION),
+    ("before", DUPLICATE_CONSUMPTION, LOST_CONSUMPTION),
+    ("auto", set(), LOST_CONSUMPTION | DUPLICATE_CONSUMPTION),
+])
+def test_when_a_group_commits_decides_which_consumption_anomalies_its_model_allows(commit, forbidden, allowed):
+    model = model_for_settings(IDEMPOTENT, "subscribe", ISR2, [], DEFAULT_CONSUMER, commit=commit)
+    assert forbidden <= model.forbidden and allowed <= model.allowed
+    assert model.name == "exactly-once", "how a group commits says nothing of the log's delivery"
+    if commit == "auto":
+        assert "enable.auto.commit=true" in model.why("lost-consumption")
 
 
 def test_the_history_shows_subscribers_and_atomic_operations_under_any_model():
@@ -184,7 +199,8 @@ BASE = READS | {"duplicate"}  # at-most-once from settings: no loss promised, no
 def test_model_from_settings(producer, mode, broker, nemesis, name, forbidden):
     model = model_for_settings(producer, mode, broker, nemesis, DEFAULT_CONSUMER)
     assert model.name == name
-    assert model.forbidden == forbidden
+    # A run whose consumers commit nothing that processing depends on claims both consumption promises.
+    assert model.forbidden == forbidden | LOST_CONSUMPTION | DUPLICATE_CONSUMPTION
 
 
 def test_transactions_decide_aborted_reads_and_atomic_operations():

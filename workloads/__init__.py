@@ -6,4 +6,5 @@ WORKLOADS = {
     "queue": queue.workload,
     "txn": txn.workload,
     "subscribe": queue.subscribe_workload,
+    "txn-subscribe": txn.subscribe_workload,
 }

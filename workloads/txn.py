@@ -21,8 +21,13 @@ micro-operations or before the commit. Completions:
   producer is fenced or failed for good: the process ends, and its successor opens a new producer
   with a new transactional.id. Sends the broker acknowledged keep their offsets.
 
+Under subscribe (`txn-subscribe`) the consumer is a member of the run's group, each transaction
+also commits the group's offsets of what it read (send_offsets_to_transaction, as Jepsen's), an
+abort seeks the consumer back to the group's committed offsets, and a transaction's completion
+carries the rebalances its polls went through.
+
 Final reads are the queue workload's: under read_committed a log ends in transaction markers, so
-the final reader goes by its consumer's positions, which pass them.
+the final reader goes by where its consumer found each key's end, past them.
 """
 
 from __future__ import annotations
@@ -98,6 +103,12 @@ class TxnClient(QueueClient):
                     records[i] = self._consume(read)
             if abort_at == len(mops):
                 return self._abort(mops, reports, records, began_at, read, ABORTED)
+            if self.subscribed and read:
+                # Jepsen's: the group's offsets commit with the transaction, or not at all.
+                step = "send_offsets_to_transaction"
+                self.producer.send_offsets_to_transaction(
+                    [TopicPartition(*parse_key(k), self.positions[k]) for k in sorted(read)],
+                    self.consumer.consumer_group_metadata(), self.txn_timeout)
             step = "commit_transaction"
             return self._commit(mops, reports, records, began_at, read)
         except KafkaException as exc:
@@ -160,16 +171,30 @@ class TxnClient(QueueClient):
             return self._completion("info", mops, reports, records,
                                     f"{why}; abort_transaction: {exc.args[0].str()}; the producer is replaced")
         # Read again what the aborted transaction read: its consumption is rolled back too.
-        for key in read:
-            self.positions[key] = began_at.get(key, self.positions[key])
-        if read:
-            try:
-                self.consumer.assign([TopicPartition(*parse_key(k), self.positions.get(k, 0))
-                                      for k in self.assignment])
-            except (KafkaException, RuntimeError) as exc:
-                return self._completion("info", mops, reports, records,
-                                        f"{why}; rewinding the consumer failed: {exc}; the process is replaced")
+        try:
+            self._rewind(read, began_at)
+        except (KafkaException, RuntimeError) as exc:
+            return self._completion("info", mops, reports, records,
+                                    f"{why}; rewinding the consumer failed: {exc}; the process is replaced")
         return self._completion("fail", mops, reports, records, why)
+
+    def _rewind(self, read: set[str], began_at: dict[str, int]) -> None:
+        """Seek the consumer back over what an aborted transaction read: by assign, to where this
+        client was before it; by subscribe, to the group's committed offsets (the aborted
+        transaction's offsets were not committed), for the keys the consumer still holds."""
+        if not read:
+            return
+        if not self.subscribed:
+            for key in read:
+                self.positions[key] = began_at.get(key, self.positions[key])
+            self.consumer.assign([TopicPartition(*parse_key(k), self.positions.get(k, 0)) for k in self.assignment])
+            return
+        held = [TopicPartition(*parse_key(k)) for k in sorted(read) if k in self.assignment]
+        for tp in self.consumer.committed(held, self.txn_timeout) if held else []:
+            key = f"{tp.topic}/{tp.partition}"
+            offset = tp.offset if tp.offset is not None and tp.offset >= 0 else 0  # none committed: the start
+            self.consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+            self.positions[key] = offset
 
     def _completion(self, kind: str, mops, reports, records, why: str | None) -> Op:
         """The txn's completion: sends with their offsets (ok; info when acknowledged) or none
@@ -197,9 +222,18 @@ class TxnClient(QueueClient):
         done: Op = {"type": kind, "mops": out}
         if why:
             done["error"] = why
+        if self.rebalances:
+            done["rebalance_log"], self.rebalances = self.rebalances, []
         return done
 
 
 def workload(spec) -> Workload:
     """The transactional queue workload of a test spec."""
     return queue_workload(spec, "txn", TxnClient, seed=spec.seed, process=lambda process: process)
+
+
+def subscribe_workload(spec) -> Workload:
+    """The transactional queue with group membership: each transaction commits the group's offsets
+    of what it read (send_offsets_to_transaction)."""
+    return queue_workload(spec, "txn-subscribe", TxnClient, group_id="faultline-group", seed=spec.seed,
+                          process=lambda process: process)

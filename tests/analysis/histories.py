@@ -95,6 +95,15 @@ class Builder:
                 {"f": "poll", "records": [{"key": k, "offset": o, "value": v} for k, o, v in m[1]]} for m in mops]
         return self.op(process, "txn", type_, {"mops": invoke}, {"mops": done}, completed)
 
+    def processed(self, process: int, records: list[tuple[str, int, int]], type_: str = "ok") -> int:
+        """A process operation: the records (key, offset, value) the consumer's application processed."""
+        done = {"processed": [{"key": k, "offset": o, "value": v} for k, o, v in records]}
+        return self.op(process, "process", type_, {}, done)
+
+    def commit(self, process: int, offsets: dict[str, int], type_: str = "ok", f: str = "commit") -> int:
+        """A commit (or, with f="committed", the group's committed offsets asked after the run)."""
+        return self.op(process, f, type_, {}, {"offsets": offsets})
+
     def assign(self, process: int, keys: list[str], seek: bool = False, type_: str = "ok", f: str = "assign",
                ends: dict[str, int] | None = None) -> int:
         """ends: the `end_offsets` the completion reports (where the broker said each key ends)."""

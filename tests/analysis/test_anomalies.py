@@ -759,6 +759,59 @@ def test_final_reads_summarise_every_key_with_evidence_or_a_final_chain(catalog)
     assert "stats-t/0" not in summaries
 
 
+# --- consumption: lost-consumption, duplicate-consumption ---------------------------
+
+@scenario
+def consumption_after_processing(s):
+    """Commit after processing: a member killed between the two has its records processed again."""
+    k, p, a, b = s.key(), s.process(), s.process(), s.process()
+    s.send(p, [(k, 1, 0), (k, 2, 1), (k, 3, 2)])
+    s.assign(a, [k], f="subscribe")
+    s.poll(a, [(k, 0, 1), (k, 1, 2)])
+    a_done = s.processed(a, [(k, 0, 1), (k, 1, 2)])
+    s.op(a, "commit", "info", {})  # killed while committing: nothing recorded as committed
+    s.assign(b, [k], f="subscribe")
+    s.poll(b, [(k, 0, 1), (k, 1, 2), (k, 2, 3)])
+    b_done = s.processed(b, [(k, 0, 1), (k, 1, 2), (k, 2, 3)])
+    s.commit(b, {k: 3})
+    return {"a": a, "b": b, "a_done": a_done, "b_done": b_done}
+
+
+@scenario
+def consumption_before_processing(s):
+    """Commit before processing: a member killed between the two never processes what it committed."""
+    k, p, a, b = s.key(), s.process(), s.process(), s.process()
+    s.send(p, [(k, 1, 0), (k, 2, 1), (k, 3, 2)])
+    s.assign(a, [k], f="subscribe")
+    s.poll(a, [(k, 0, 1), (k, 1, 2)])
+    commit = s.commit(a, {k: 2})
+    s.processed(a, [(k, 0, 1)], "info")  # killed while processing: offset 0 may have been
+    s.assign(b, [k], f="subscribe")
+    s.poll(b, [(k, 2, 3)])
+    s.processed(b, [(k, 2, 3)])
+    s.commit(b, {k: 1}, "fail")  # refused: passes nothing
+    final = s.commit(b, {k: 3}, f="committed")
+    return {"commit": commit, "final": final}
+
+
+def test_records_processed_twice_are_duplicate_consumption(found):
+    f, ix = found("consumption_after_processing")
+    k = "consumption_after_processing-t/0"
+    assert set(f) == {"duplicate-consumption"}
+    assert f["duplicate-consumption"] == [
+        {"key": k, "offset": o, "value": o + 1, "processes": [ix["a"], ix["b"]], "ops": [ix["a_done"], ix["b_done"]]}
+        for o in (0, 1)]
+
+
+def test_a_commit_past_records_nobody_processed_is_lost_consumption(found):
+    f, ix = found("consumption_before_processing")
+    k = "consumption_before_processing-t/0"
+    # offset 0: an info processing may have done it; offset 1: committed past, never processed
+    assert set(f) == {"lost-consumption"}
+    assert f["lost-consumption"] == [{"key": k, "offset": 1, "value": 2, "committed": 3,
+                                      "committed_op": ix["final"], "ops": [ix["final"]]}]
+
+
 # --- ownership-overlap ---------------------------------------------------------------
 
 

@@ -261,3 +261,28 @@ def test_read_uncommitted_consumers_read_aborted_transactions_and_the_checker_na
         assert writer["type"] == "fail" and {"key": w["key"], "value": w["value"]} in [
             {"key": m["key"], "value": m["value"]} for m in writer["mops"] if m["f"] == "send"]
     assert "G1a" in proc.stdout
+
+
+# The classic protocol (JoinGroup/SyncGroup, the client assigns) with plain polls; KIP-848's (the
+# broker assigns, incrementally) with transactions that commit the group's offsets.
+@pytest.mark.parametrize("workload, protocol", [("subscribe", "classic"), ("txn-subscribe", "consumer")])
+def test_subscribing_consumers_under_partitions_and_kills_record_their_rebalances(tmp_path, workload, protocol):
+    # One consumer group on three Kafka 4.3.1 nodes; processes end now and then, so members leave
+    # and join. Whatever Kafka gives is judged to the end with witnesses.
+    proc, run_dir, results = run_kafka(
+        tmp_path / "store", "--workload", workload, "--consumer", f"group.protocol={protocol}", "--nodes", "3",
+        "--time-limit", "25", "--rate", "60", "--seed", "5", "--broker-set", "min.insync.replicas=2",
+        "--nemesis", "partition,kill", "--nemesis-interval", "5")
+    print(f"{workload} ({protocol}) on Kafka: counts {results['counts']}, stats {results['stats']['by_f']}")
+    assert results["valid"] in (True, False), proc.stdout + proc.stderr
+    assert proc.returncode == (0 if results["valid"] else 1)
+    assert json.loads((run_dir / "test.json").read_text())["workload"] == workload
+    for kind in results["counts"]:
+        assert witnesses(run_dir, kind), kind
+    ops = read_history(run_dir / "history.jsonl").ops
+    logs = [e for op in ops if op["type"] != "invoke" for e in op.get("rebalance_log") or []]
+    assert {e["type"] for e in logs} >= {"assigned"} and any(e["keys"] for e in logs), logs[:5]
+    subscribes = [op for op in ops if op["f"] == "subscribe" and op["type"] == "ok"]
+    crashes = [op for op in ops if op["f"] == "crash" and not op.get("final") and op["type"] == "info"]
+    assert crashes and len({op["process"] for op in subscribes}) > 4, "members left and new ones joined"
+    assert everything_left() == NOTHING
