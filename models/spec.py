@@ -68,6 +68,16 @@ WORKLOADS = {
         coordinators=("transaction", "group"),
         summary="txn with group membership (as subscribe): each transaction also commits the group's offsets of "
                 "what it read (send_offsets_to_transaction)"),
+    **{f"consume-{mode}": WorkloadTraits(
+        "subscribe", False, coordinators=("group",), commit=mode,
+        # A killed member's keys go to the others once its session expires: 6 s (the broker's least by
+        # default), not librdkafka's 45 s. (The KIP-848 protocol refuses these; the client drops them.)
+        consumer={"session.timeout.ms": "6000", "heartbeat.interval.ms": "2000",
+                  **({"enable.auto.commit": "true", "auto.commit.interval.ms": "1000"} if mode == "auto" else {})},
+        summary=f"consumers of one group that poll, process and commit as applications do, {how} (a member runs "
+                f"in a process of its own: the kill-consumer nemesis SIGKILLs it)")
+       for mode, how in (("auto", "with enable.auto.commit=true"), ("after", "committing after processing"),
+                         ("before", "committing before processing"))},
     "subscribe": WorkloadTraits(
         "subscribe", False, coordinators=("group",),
         summary="the queue with group membership: consumers of one group subscribe, commit after each poll, "

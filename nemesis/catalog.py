@@ -1,7 +1,8 @@
 """Nemeses by the names `faultline run --nemesis` takes.
 
 In: the kinds asked for, the db, the broker and ZooKeeper nodes, the test's
-keys and (for partitions) the `Net`. Out: `({f: nemesis}, [(start f, stop
+keys, (for partitions) the `Net` and (for kill-consumer) the folder of the
+clients' pid files. Out: `({f: nemesis}, [(start f, stop
 f)])` for the interpreter and the schedule, or a ValueError naming the
 unknown kind and the known ones.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .clients import KillConsumerNemesis
 from .partition import PartitionNemesis
 from .process import (ClockNemesis, KillNemesis, PauseNemesis, PowerLossNemesis, RollingRestartNemesis,
                       StaleElectionNemesis)
@@ -32,19 +34,23 @@ KINDS = {
     "stale-election": "SIGKILL an in-sync follower of a random partition until it leaves the ISR; then SIGKILL "
                       "the replicas still in sync and start the stale one first (only unclean leader election "
                       "can make it leader), then the rest",
+    "kill-consumer": "SIGKILL a consumer group member's process (consume-* workloads), as an application's; its "
+                     "worker starts a new member in the same group at its next operation",
     "partition": "cut the network (isolate a broker, a leader or the controller; halves; bridge; "
                  "majorities ring) with iptables, then heal it",
 }
 
 
 def build(kinds: list[str], db, nodes: list[str], keys: list[str], zookeeper_nodes: list[str] | None = None,
-          net=None) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+          net=None, clients_dir=None) -> tuple[dict[str, Any], list[tuple[str, str]]]:
     by_f: dict[str, Any] = {}
     pairs = []
     for kind in kinds:
         if kind not in KINDS:
             raise ValueError(f"unknown nemesis {kind!r}; known: {', '.join(KINDS)}")
-        if kind == "kill" or kind.startswith("kill-"):
+        if kind == "kill-consumer":
+            nemesis = KillConsumerNemesis(clients_dir)
+        elif kind == "kill" or kind.startswith("kill-"):
             nemesis = KillNemesis(db, nodes, keys, kind.partition("-")[2] or "random")
         elif kind in ("pause", "pause-leader"):
             nemesis = PauseNemesis(db, nodes, keys, "leader" if kind == "pause-leader" else "random")

@@ -50,12 +50,12 @@ def node_names(spec: TestSpec) -> tuple[list[str], list[str]]:
     return db_class(spec).node_names(spec)
 
 
-def workload_for(spec: TestSpec) -> Workload:
+def workload_for(spec: TestSpec, clients_dir: Path | None = None) -> Workload:
     try:
         make = WORKLOADS[spec.workload]
     except KeyError:
         raise SpecError(f"workload {spec.workload!r} is unknown; choose one of {', '.join(WORKLOADS)}") from None
-    return make(spec)
+    return make(spec, clients_dir=clients_dir)
 
 
 def validate(spec: TestSpec) -> None:
@@ -98,7 +98,9 @@ def generator_of(spec: TestSpec, workload: Workload, schedule: Schedule | None):
 
 def build(spec: TestSpec, remotes: dict, workdir: Path, net=None) -> Test:
     db = db_class(spec)(spec, remotes, workdir)
-    workload = workload_for(spec)
-    nemeses, pairs = catalog.build(spec.nemesis, db, db.nodes, spec.keys, db.support_nodes, net)
+    # Pid files of clients that run in processes of their own, for the nemeses that kill them.
+    clients_dir = workdir / "clients"
+    workload = workload_for(spec, clients_dir)
+    nemeses, pairs = catalog.build(spec.nemesis, db, db.nodes, spec.keys, db.support_nodes, net, clients_dir)
     schedule = Schedule(spec.seed, pairs, spec.nemesis_interval) if pairs else None
     return Test(spec, db, workload, nemeses, generator_of(spec, workload, schedule))

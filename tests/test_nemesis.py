@@ -233,3 +233,23 @@ def test_a_pause_target_and_a_resume_that_fails_are_recorded():
         nemeses["resume"].invoke({"f": "resume"})
     assert failed.value.value["outcomes"] == {"n3": "n3: RuntimeError: the broker on n3 exited; its log ends: "
                                                      "resume failed"}
+
+
+def test_kill_consumer_sigkills_one_live_member_by_its_pid_file_and_says_which(tmp_path):
+    import subprocess
+
+    from faultline.nemesis.clients import KillConsumerNemesis
+
+    nemesis = KillConsumerNemesis(tmp_path)
+    assert nemesis.invoke({"f": "kill-consumer", "seed": 1}) == {"processes": [],
+                                                                 "note": "no consumer group member was running"}
+    member = subprocess.Popen(["sleep", "60"])
+    try:
+        (tmp_path / "consumer-7.pid").write_text(str(member.pid))
+        (tmp_path / "consumer-9.pid").write_text("999999999")  # ended long ago
+        done = nemesis.invoke({"f": "kill-consumer", "seed": 1})
+        assert done == {"processes": [7], "pids": {"7": member.pid}, "signal": "SIGKILL"}
+        assert member.wait(10) == -9
+    finally:
+        member.kill()
+    assert "next operation" in nemesis.invoke({"f": "consumers-rejoin"})["note"]

@@ -224,3 +224,42 @@ def test_a_subscribing_stream_subscribes_first_and_after_each_crash_and_ends_pro
     # A crash ends the process; its successor joins the group before anything else.
     assert all(fs[i + 1] == "subscribe" for i, f in enumerate(fs[:-1]) if f == "crash")
     assert 3 <= fs.count("crash") <= 30
+
+
+def consume_ops(seed: int, mode: str, n: int, kill_at: int | None = None) -> list[dict]:
+    from faultline.workloads.consume import ConsumeGenerator
+
+    gen = ConsumeGenerator.start(seed, 0, 3, KEYS, 3, rate=100, mode=mode)
+    out = []
+    for i in range(n):
+        ctx = one_thread(0)
+        op, gen = gen.op(ctx)
+        out.append({k: v for k, v in op.items() if k not in ("at", "process")})
+        gen = gen.update(ctx, {**op, "type": "info" if i == kill_at else "ok", "thread": 0})
+    return out
+
+
+@given(seed=st.integers(0, 2**31 - 1), mode=st.sampled_from(["auto", "after", "before"]))
+@settings(max_examples=30, deadline=None)
+def test_a_consumer_subscribes_then_polls_processes_and_commits_in_its_modes_order(seed, mode):
+    from faultline.workloads.consume import CYCLES
+
+    stream = consume_ops(seed, mode, 120, kill_at=60)
+    assert stream == consume_ops(seed, mode, 120, kill_at=60)
+    assert stream[0] == {"f": "subscribe", "keys": KEYS} and stream[61]["f"] == "subscribe"
+    for part in (stream[1:61], stream[62:]):
+        steps = [op["f"] for op in part if op["f"] != "send"]
+        # A new member starts its cycle over.
+        assert steps == [CYCLES[mode][i % len(CYCLES[mode])] for i in range(len(steps))]
+
+
+def test_a_group_s_final_reader_asks_its_committed_offsets_once_before_it_reads():
+    gen = FinalReads(("t/0",), seconds=30, committed=True)
+    ctx = one_thread()
+    op, gen = gen.op(ctx)
+    gen = done(gen, ctx, op, "info")
+    op, gen = gen.op(ctx)
+    assert (op["f"], op["final"]) == ("committed", True)
+    gen = done(gen, ctx, op, offsets={"t/0": 3})
+    op, gen = gen.op(ctx)
+    assert op["f"] == "assign" and op["seek_to_beginning"] is True

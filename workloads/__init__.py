@@ -1,10 +1,19 @@
-"""Workloads by the names `faultline run --workload` takes: name -> (spec -> `Workload`)."""
+"""Workloads by the names `faultline run --workload` takes: name -> (spec, clients_dir -> `Workload`).
 
-from . import queue, txn
+`clients_dir`: a folder of the run where a workload whose clients run in processes of their own
+(the consume workloads' group members) leaves their pid files, for the kill-consumer nemesis.
+"""
+
+from functools import partial
+
+from . import consume, queue, txn
 
 WORKLOADS = {
     "queue": queue.workload,
     "txn": txn.workload,
     "subscribe": queue.subscribe_workload,
     "txn-subscribe": txn.subscribe_workload,
+    "consume-auto": partial(consume.workload, name="consume-auto"),
+    "consume-after": partial(consume.workload, name="consume-after"),
+    "consume-before": partial(consume.workload, name="consume-before"),
 }

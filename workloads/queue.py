@@ -309,7 +309,8 @@ class QueueGenerator:
 class FinalReads:
     """Jepsen's final reads, for one worker (history-format.md, Final reads). First a `crash`, so
     that the reads run on a new producer and consumer with nothing carried over from the main phase;
-    then assign every key from the beginning, learning from the broker where each key ends
+    then (for a consumer group's workload, `committed`) ask the group's committed offsets; then
+    assign every key from the beginning, learning from the broker where each key ends
     (`end_offsets` on the assign's completion), and poll until the consumer has read every key to
     that end. Then assign again without rewinding, to learn whether the ends moved meanwhile (a
     leader still bringing its followers up to date after the heal): done when they did not,
@@ -326,6 +327,7 @@ class FinalReads:
     keys: tuple
     seconds: float = 30.0
     unread: str | None = None
+    committed: bool = False  # ask the consumer group's committed offsets first (a `committed` op)
     fresh: bool = False  # the process's clients were opened for the final reads
     targets: Mapping[str, int] | None = None  # None: the next read is an assign from the beginning
     positions: Mapping[str, int] = field(default_factory=dict)
@@ -358,6 +360,8 @@ class FinalReads:
     def _next(self) -> Op:
         if not self.fresh:
             return {"f": "crash", "final": True}
+        if self.committed:
+            return {"f": "committed", "final": True}
         if self.targets is None or self._reached():
             return {"f": "assign", "keys": list(self.keys), "seek_to_beginning": self.targets is None, "final": True}
         return {"f": "poll", "mops": [{"f": "poll"}], "final": True}
@@ -388,6 +392,8 @@ class FinalReads:
         f = event["f"]
         if f == "final-reads":
             return dataclasses.replace(self, closed=True)
+        if f == "committed":
+            return dataclasses.replace(self, committed=False)  # asked once, whatever the answer
         if event["type"] == "info":
             # The process is over (the crash, or an operation that may not have ended): its
             # successor opens new clients and reads from the beginning again.
@@ -664,13 +670,13 @@ class QueueClient:
         return ends, unavailable
 
 
-def workload(spec) -> Workload:
+def workload(spec, clients_dir=None) -> Workload:
     """The queue workload of a test spec: every worker assigns, sends and polls at the spec's rate,
     its stream drawn from the spec's seed; final reads of every key."""
     return queue_workload(spec, "queue", QueueClient)
 
 
-def subscribe_workload(spec) -> Workload:
+def subscribe_workload(spec, clients_dir=None) -> Workload:
     """The queue workload with group membership: every worker's consumer subscribes (one group for
     the run) and now and then ends its process, leaving the group to a successor that joins it;
     each poll records the rebalances it went through."""

@@ -227,12 +227,12 @@ class TxnClient(QueueClient):
         return done
 
 
-def workload(spec) -> Workload:
+def workload(spec, clients_dir=None) -> Workload:
     """The transactional queue workload of a test spec."""
     return queue_workload(spec, "txn", TxnClient, seed=spec.seed, process=lambda process: process)
 
 
-def subscribe_workload(spec) -> Workload:
+def subscribe_workload(spec, clients_dir=None) -> Workload:
     """The transactional queue with group membership: each transaction commits the group's offsets
     of what it read (send_offsets_to_transaction)."""
     return queue_workload(spec, "txn-subscribe", TxnClient, group_id="faultline-group", seed=spec.seed,

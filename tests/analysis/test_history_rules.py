@@ -56,6 +56,11 @@ def base() -> list[dict]:
          "mops": [{"f": "poll", "records": []}], "positions": {K: 2}},
         {"index": 16, "time": 170, "process": 3, "type": "invoke", "f": "crash", "final": True},  # 17
         {"index": 17, "time": 180, "process": 3, "type": "info", "f": "crash", "final": True},  # 18
+        {"index": 18, "time": 190, "process": 4, "type": "invoke", "f": "process"},  # 19
+        {"index": 19, "time": 200, "process": 4, "type": "ok", "f": "process",  # 20
+         "processed": [{"key": K, "offset": 0, "value": 1}]},
+        {"index": 20, "time": 210, "process": 4, "type": "invoke", "f": "commit"},  # 21
+        {"index": 21, "time": 220, "process": 4, "type": "ok", "f": "commit", "offsets": {K: 1}},  # 22
     ]
 
 
@@ -197,6 +202,12 @@ REFUSED = {
     "rebalance_log entry without keys": (at(16, rebalance_log=[{}]), 16, "rebalance_log[0].keys", "is missing"),
     "rebalance_log on an invocation": (at(15, rebalance_log=[]), 15, "rebalance_log", "on completions"),
     "rebalance_log on a send": (at(2, rebalance_log=[]), 2, "rebalance_log", "poll and txn operations"),
+    # processed, offsets
+    "processed on a poll": (at(16, processed=[]), 16, "processed", "process operations"),
+    "processed of strings": (at(20, processed=["x"]), 20, "processed[0]", "expected a record"),
+    "processed on an invocation": (at(19, processed=[]), 19, "processed", "on completions"),
+    "offsets on a process": (at(20, offsets={K: 1}), 20, "offsets", "commit and committed operations"),
+    "offsets negative": (at(22, offsets={K: -1}), 22, 'offsets["t/0"]', "found -1"),
     # positions
     "positions a list": (at(16, positions=[2]), 16, "positions", "an object of key -> offset"),
     "positions negative": (at(16, positions={K: -1}), 16, 'positions["t/0"]', "found -1"),
@@ -253,11 +264,11 @@ REFUSED = {
                               f"names have at most {MAX_NAME_LENGTH}"),
     # across lines
     "process used again after its info": (lambda ls: text(renumber(ls + [
-        {"index": 0, "time": 190, "process": 3, "type": "invoke", "f": "poll", "mops": [{"f": "poll"}]}])),
-        19, "process", "process 3 crashed (its operation at index 17 ended info)"),
+        {"index": 0, "time": 230, "process": 3, "type": "invoke", "f": "poll", "mops": [{"f": "poll"}]}])),
+        23, "process", "process 3 crashed (its operation at index 17 ended info)"),
     "process completes again after its info": (lambda ls: text(renumber(ls + [
-        {"index": 0, "time": 190, "process": 0, "type": "ok", "f": "send", "mops": []}])),
-        19, "process", "process 0 crashed (its operation at index 9 ended info)"),
+        {"index": 0, "time": 230, "process": 0, "type": "ok", "f": "send", "mops": []}])),
+        23, "process", "process 0 crashed (its operation at index 9 ended info)"),
     "invokes while open": (lambda ls: text(renumber(ls[:1] + ls[2:])), 8, "process",
                            "process 0 invokes while its operation at index 0 has not completed"),
     "completion without invocation": (lambda ls: text(renumber(ls[1:])), 1, "type",
