@@ -175,6 +175,15 @@ def test_the_runner_drives_any_test_map_through_main_heal_and_final_phases(tmp_p
     assert sorted(final_values) == sorted(acked)
 
 
+class Sink:
+    """A history that records nothing."""
+
+    counts = {}
+
+    def append(self, op):
+        return dict(op, index=0, time=0)
+
+
 def test_a_client_that_cannot_open_stops_the_run_and_says_which_worker():
     class Broken(FakeClient):
         def open(self):
@@ -182,12 +191,6 @@ def test_a_client_that_cannot_open_stops_the_run_and_says_which_worker():
 
     gen = clients(TimeLimit(1, EachThread(lambda t: Once({"f": "send", "mops": [{"f": "send", "key": "t/0",
                                                                               "value": t}]}))))
-
-    class Sink:
-        counts = {}
-
-        def append(self, op):
-            return dict(op, index=0, time=0)
 
     with pytest.raises(HarnessError, match="worker 0 failed: send by process 0 .*raised OSError: no such broker"):
         Interpreter(gen, 1, lambda process: Broken("x", process), Sink()).run()
@@ -204,12 +207,6 @@ def test_a_client_whose_close_fails_after_an_info_stops_the_run_instead_of_losin
 
     gen = clients(TimeLimit(1, EachThread(lambda t: Once({"f": "send", "mops": [{"f": "send", "key": "t/0",
                                                                               "value": t}]}))))
-
-    class Sink:
-        counts = {}
-
-        def append(self, op):
-            return dict(op, index=0, time=0)
 
     with pytest.raises(HarnessError, match="worker 0 failed: send by process 0 .*raised RuntimeError: the producer"):
         Interpreter(gen, 1, lambda process: FailsToClose("x", process), Sink()).run()

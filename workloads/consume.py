@@ -9,7 +9,8 @@ background, `enable.auto.commit=true`). A new process starts the cycle over.
 Client (`ConsumeClient`). The queue client's producer, and a group member in a process of its own
 (`workloads.consumer_child`), so that the kill-consumer nemesis can SIGKILL it as it would an
 application. What the member polled waits to be processed; `process` hands it over (`processed`);
-`commit` commits, by mode, one past what was processed or what was polled (`offsets`). A member
+`commit` commits, by mode, one past what was processed or polled since the last commit
+(`offsets`); committing before processing, what could not be committed is not processed. A member
 found dead before an operation began did nothing (`info` with no records or offsets); one that
 dies during it may have done it (`info`, with what it was doing); either way its process ends and its successor starts a new member in the same
 group. The final reads run on an in-harness consumer (assign, no membership) after asking the
@@ -107,8 +108,10 @@ class ConsumeClient(QueueClient):
         self.pid_file = None if clients_dir is None else Path(clients_dir) / f"consumer-{process}.pid"
         self.child: subprocess.Popen | None = None
         self.pending: list[dict] = []  # polled, not yet processed
-        self.done: dict[str, int] = {}  # key -> one past the highest offset processed
-        self.polled: dict[str, int] = {}  # key -> one past the highest offset polled
+        # What the next commit commits, key -> one past the highest offset: processed since the last
+        # commit (after) or polled since it (before). Only the keys of this batch: committing a key
+        # the member read long ago could move the group back past another member's progress.
+        self.uncommitted: dict[str, int] = {}
 
     def close(self) -> None:
         if self.child is not None:
@@ -187,8 +190,8 @@ class ConsumeClient(QueueClient):
         answer = self._ask({"f": "poll", "max": self.max_poll_records, "timeout": self.poll_timeout}, 30)
         records = answer.get("records") or []
         self.pending += records
-        for r in records:
-            self.polled[r["key"]] = max(self.polled.get(r["key"], 0), r["offset"] + 1)
+        if self.mode == "before":
+            self._mark(records)
         done: Op = {"type": "ok", "mops": [{"f": "poll", "records": records}]}
         if answer.get("rebalances"):
             done["rebalance_log"] = answer["rebalances"]
@@ -200,19 +203,34 @@ class ConsumeClient(QueueClient):
         # The member acknowledges that it processed what it was handed: a member killed first has not.
         self._ask({"f": "ping"}, 10)
         processed, self.pending = self.pending, []
-        for r in processed:
-            self.done[r["key"]] = max(self.done.get(r["key"], 0), r["offset"] + 1)
+        if self.mode == "after":
+            self._mark(processed)
         return {"type": "ok", "processed": processed}
 
+    def _mark(self, records: list[dict]) -> None:
+        for r in records:
+            self.uncommitted[r["key"]] = max(self.uncommitted.get(r["key"], 0), r["offset"] + 1)
+
     def _commit(self, op: Op) -> Op:
-        offsets = dict(self.done if self.mode == "after" else self.polled)
+        offsets, self.uncommitted = self.uncommitted, {}
         if not offsets:
             return {"type": "ok", "offsets": {}}
-        answer = self._ask({"f": "commit", "offsets": offsets}, 30)
+        try:
+            answer = self._ask({"f": "commit", "offsets": offsets}, 30)
+        except ChildGone:
+            self._not_committed()
+            raise
         if "error" not in answer:
             return {"type": "ok", "offsets": offsets}
+        self._not_committed()
         refused = any(code in answer["error"] for code in REFUSED)
         return {"type": "fail" if refused else "info", "offsets": offsets, "error": answer["error"]}
+
+    def _not_committed(self) -> None:
+        """Committing before processing, an application processes only what it committed: what it
+        polled and could not commit is left for the group to deliver again (to whoever commits it)."""
+        if self.mode == "before":
+            self.pending = []
 
     def _committed(self) -> Op:
         """The group's committed offsets, asked of the broker after the run (OffsetFetch: no membership)."""

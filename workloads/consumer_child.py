@@ -23,6 +23,8 @@ import sys
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from .queue import record_of
+
 PR_SET_PDEATHSIG = 1
 
 
@@ -80,11 +82,7 @@ def main() -> None:
                         if m.error().code() != KafkaError._PARTITION_EOF:
                             error = m.error().str()
                         continue
-                    try:
-                        value = int(m.value())
-                    except (TypeError, ValueError):
-                        value = -1
-                    records.append({"key": _key(m.topic(), m.partition()), "offset": m.offset(), "value": value})
+                    records.append(record_of(m))
                 done = {"records": records, "rebalances": rebalances[:]}
                 rebalances.clear()
                 if error:

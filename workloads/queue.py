@@ -217,6 +217,16 @@ def commit_outcome(err: KafkaError | None) -> tuple[str, str]:
     return "info", "the commit failed in flight: it may have completed"
 
 
+def record_of(m) -> dict:
+    """A consumed librdkafka message as a history record; a value that is not one of ours (not an
+    integer) is -1, which the check reports as unexpected."""
+    try:
+        value = int(m.value())
+    except (TypeError, ValueError):
+        value = -1
+    return {"key": f"{m.topic()}/{m.partition()}", "offset": m.offset(), "value": value}
+
+
 def parse_key(key: str) -> tuple[str, int]:
     topic, _, partition = key.rpartition("/")
     return topic, int(partition)
@@ -533,13 +543,9 @@ class QueueClient:
                 else:
                     error = m.error().str()
                 continue
-            try:
-                value = int(m.value())
-            except (TypeError, ValueError):
-                value = -1  # not ours: shows up as unexpected
-            key = f"{m.topic()}/{m.partition()}"
-            records.append({"key": key, "offset": m.offset(), "value": value})
-            self.positions[key] = m.offset() + 1
+            record = record_of(m)
+            records.append(record)
+            self.positions[record["key"]] = m.offset() + 1
         # librdkafka's per-partition errors are informational (it recovers by
         # itself), and the consumer's position has moved past every record it
         # returned: a poll that returned records happened, whatever else it said.

@@ -37,7 +37,7 @@ import random
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from .core import Workload
-from .queue import Op, QueueClient, Report, commit_outcome, parse_key, queue_workload, send_outcome
+from .queue import Op, QueueClient, Report, commit_outcome, parse_key, queue_workload, record_of, send_outcome
 
 ABORTED = "aborted on purpose"
 # Share of transactions the client aborts on purpose (Jepsen's maybe-abort).
@@ -137,14 +137,10 @@ class TxnClient(QueueClient):
                 if m.error().code() != KafkaError._PARTITION_EOF:
                     raise KafkaException(m.error())
                 continue
-            try:
-                value = int(m.value())
-            except (TypeError, ValueError):
-                value = -1  # not ours: shows up as unexpected
-            key = f"{m.topic()}/{m.partition()}"
-            out.append({"key": key, "offset": m.offset(), "value": value})
-            read.add(key)
-            self.positions[key] = m.offset() + 1
+            record = record_of(m)
+            out.append(record)
+            read.add(record["key"])
+            self.positions[record["key"]] = m.offset() + 1
         return out
 
     def _commit(self, mops, reports, records, began_at, read) -> Op:

@@ -286,3 +286,36 @@ def test_subscribing_consumers_under_partitions_and_kills_record_their_rebalance
     crashes = [op for op in ops if op["f"] == "crash" and not op.get("final") and op["type"] == "info"]
     assert crashes and len({op["process"] for op in subscribes}) > 4, "members left and new ones joined"
     assert everything_left() == NOTHING
+
+
+def consumption_run(tmp_path: Path, workload: str, seed: int):
+    return run_kafka(tmp_path / workload, "--workload", workload, "--nemesis", "kill-consumer",
+                     "--nemesis-interval", "3", "--time-limit", "30", "--seed", str(seed))
+
+
+def test_a_group_that_commits_after_processing_repeats_but_never_loses_what_killed_members_did(tmp_path):
+    # Members SIGKILLed between processing and committing leave their records to be processed again.
+    proc, run_dir, results = consumption_run(tmp_path, "consume-after", 7)
+    print(f"consume-after: counts {results['counts']}")
+    assert proc.returncode == 0 and results["valid"] is True, proc.stdout + proc.stderr
+    assert results["counts"].get("duplicate-consumption", 0) > 0, results["counts"]
+    assert "lost-consumption" not in results["counts"]
+    kills = [op for op in faults(run_dir) if op["f"] == "kill-consumer" and op["value"].get("processes")]
+    assert kills, faults(run_dir)
+    for w in witnesses(run_dir, "duplicate-consumption"):
+        assert len(set(w["processes"])) >= 2, w  # processed again by another member, after a kill
+    ops = read_history(run_dir / "history.jsonl").ops
+    assert any(op["f"] == "committed" and op["type"] == "ok" and op["offsets"] for op in ops)
+    assert everything_left() == NOTHING and not subprocess.run(
+        ["pgrep", "-f", "faultline.workloads.consumer_child"], capture_output=True).stdout
+
+
+def test_an_auto_committing_group_loses_or_repeats_what_killed_members_did(tmp_path):
+    # librdkafka commits every second in the background, whatever the application has processed.
+    proc, run_dir, results = consumption_run(tmp_path, "consume-auto", 7)
+    print(f"consume-auto: counts {results['counts']}")
+    assert proc.returncode == 0 and results["valid"] is True, proc.stdout + proc.stderr
+    found = {k: results["counts"].get(k, 0) for k in ("lost-consumption", "duplicate-consumption")}
+    assert sum(found.values()) > 0, results["counts"]
+    spec = json.loads((run_dir / "test.json").read_text())
+    assert spec["consumer"]["enable.auto.commit"] == "true"
