@@ -2,8 +2,8 @@
 
 Generator (`ConsumeGenerator`). In: the seed, the worker, the keys, the commit mode. Out: for each
 worker, a subscribe, then operations that are either a send (as the queue workload's) or the next
-step of its consume cycle: `poll`, then by mode `process` and `commit` (after: commit after
-processing), `commit` and `process` (before), or `process` alone (auto: librdkafka commits in the
+step of its consume cycle: `poll`, then by mode `process`, and `commit` after every third batch
+(after: commit after processing), `commit` and `process` (before), or `process` alone (auto: librdkafka commits in the
 background, `enable.auto.commit=true`). A new process starts the cycle over.
 
 Client (`ConsumeClient`). The queue client's producer, and a group member in a process of its own
@@ -38,7 +38,10 @@ from .queue import END_OFFSETS_TIME, FinalReads, Op, QueueClient, parse_key
 
 GROUP = "faultline-group"
 CLASSIC_ONLY = ("session.timeout.ms", "heartbeat.interval.ms", "partition.assignment.strategy")
-CYCLES = {"auto": ("poll", "process"), "after": ("poll", "process", "commit"), "before": ("poll", "commit", "process")}
+# Committing after processing, an application commits every few batches (here three), as one that
+# commits every N records or every T ms does; committing before, it must commit each batch first.
+CYCLES = {"auto": ("poll", "process"), "after": ("poll", "process") * 3 + ("commit",),
+          "before": ("poll", "commit", "process")}
 # librdkafka's errors that refuse a commit outright (the member is not, or no longer, in the group's
 # generation): nothing was committed. Any other failure may have committed.
 REFUSED = {"ILLEGAL_GENERATION", "UNKNOWN_MEMBER_ID", "REBALANCE_IN_PROGRESS", "FENCED_INSTANCE_ID",
