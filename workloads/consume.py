@@ -203,9 +203,14 @@ class ConsumeClient(QueueClient):
         return done
 
     def _process(self, op: Op) -> Op:
-        # The member acknowledges that it processed what it was handed: a member killed first has not.
-        self._ask({"f": "ping"}, 10)
+        # The member acknowledges that it processed what it was handed: a member killed first has not,
+        # and one killed meanwhile may have.
         processed, self.pending = self.pending, []
+        try:
+            self._ask({"f": "ping"}, 10)
+        except ChildGone as exc:
+            return {"type": "info", "processed": processed, "error": f"{exc} while processing these records: "
+                                                                     f"they may have been; its process ends"}
         if self.mode == "after":
             self._mark(processed)
         return {"type": "ok", "processed": processed}
