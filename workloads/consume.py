@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import random
 import select
 import subprocess
 import sys
@@ -33,7 +32,7 @@ from confluent_kafka import KafkaException, TopicPartition
 
 from ..models.spec import WORKLOADS
 from .core import Workload
-from .generator import PENDING, EachThread, fill, rng_state
+from .generator import PENDING, EachThread, fill, resume, rng_state
 from .queue import END_OFFSETS_TIME, FinalReads, Op, QueueClient, parse_key
 
 GROUP = "faultline-group"
@@ -70,8 +69,7 @@ class ConsumeGenerator:
         thread = ctx.some_free_thread()
         if thread is None:
             return PENDING
-        rng = random.Random()
-        rng.setstate(self.state)
+        rng = resume(self.state)
         sent, step = self.sent, self.step
         if not self.subscribed:
             op = {"f": "subscribe", "keys": list(self.keys)}

@@ -296,6 +296,12 @@ def rng_state(seed: Any) -> tuple:
     return random.Random(seed).getstate()
 
 
+def resume(state) -> random.Random:
+    """The random stream whose state is `state`, to draw from and save again (a generator value
+    keeps the state, never the stream)."""
+    return _rng(state)
+
+
 @dataclass(frozen=True)
 class Mix:
     """A random one of `gens` for each op, drawn from its own stream (`rng_state(seed)`); exhausted

@@ -35,7 +35,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from ..models.spec import WORKLOADS
 from .core import Workload
-from .generator import PENDING, EachThread, fill, rng_state
+from .generator import PENDING, EachThread, fill, resume, rng_state
 
 Op = dict[str, Any]
 
@@ -275,8 +275,7 @@ class QueueGenerator:
         thread = ctx.some_free_thread()
         if thread is None:
             return PENDING
-        rng = random.Random()
-        rng.setstate(self.state)
+        rng = resume(self.state)
         sent, assigned = self.sent, True
         if not self.assigned:
             op = self._assign_op(rng)
