@@ -175,6 +175,12 @@ def test_the_runner_drives_any_test_map_through_main_heal_and_final_phases(tmp_p
     assert sorted(final_values) == sorted(acked)
 
 
+def one_send_each():
+    """Each client thread sends once, within a second."""
+    return clients(TimeLimit(1, EachThread(lambda t: Once({"f": "send", "mops": [{"f": "send", "key": "t/0",
+                                                                                "value": t}]}))))
+
+
 class Sink:
     """A history that records nothing."""
 
@@ -189,11 +195,9 @@ def test_a_client_that_cannot_open_stops_the_run_and_says_which_worker():
         def open(self):
             raise OSError("no such broker")
 
-    gen = clients(TimeLimit(1, EachThread(lambda t: Once({"f": "send", "mops": [{"f": "send", "key": "t/0",
-                                                                              "value": t}]}))))
 
     with pytest.raises(HarnessError, match="worker 0 failed: send by process 0 .*raised OSError: no such broker"):
-        Interpreter(gen, 1, lambda process: Broken("x", process), Sink()).run()
+        Interpreter(one_send_each(), 1, lambda process: Broken("x", process), Sink()).run()
 
 
 
@@ -205,11 +209,9 @@ def test_a_client_whose_close_fails_after_an_info_stops_the_run_instead_of_losin
         def close(self):
             raise RuntimeError("the producer is fenced")
 
-    gen = clients(TimeLimit(1, EachThread(lambda t: Once({"f": "send", "mops": [{"f": "send", "key": "t/0",
-                                                                              "value": t}]}))))
 
     with pytest.raises(HarnessError, match="worker 0 failed: send by process 0 .*raised RuntimeError: the producer"):
-        Interpreter(gen, 1, lambda process: FailsToClose("x", process), Sink()).run()
+        Interpreter(one_send_each(), 1, lambda process: FailsToClose("x", process), Sink()).run()
 
 def ctx_of(threads=(0, 1), free=None, time=0.0) -> Context:
     free = frozenset(threads if free is None else free)

@@ -24,7 +24,6 @@ import json
 import select
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,10 +31,9 @@ from confluent_kafka import KafkaException, TopicPartition
 
 from ..models.spec import WORKLOADS
 from .core import Workload
-from .generator import PENDING, EachThread, fill, resume, rng_state
-from .queue import END_OFFSETS_TIME, FinalReads, Op, QueueClient, parse_key
+from .generator import PENDING, fill, resume, rng_state
+from .queue import END_OFFSETS_TIME, Op, QueueClient, parse_key, queue_workload
 
-GROUP = "faultline-group"
 CLASSIC_ONLY = ("session.timeout.ms", "heartbeat.interval.ms", "partition.assignment.strategy")
 # Committing after processing, an application commits every few batches (here three), as one that
 # commits every N records or every T ms does; committing before, it must commit each batch first.
@@ -253,18 +251,12 @@ def workload(spec, name: str, clients_dir: Path | None = None) -> Workload:
     """A consume workload (`name`: consume-auto, consume-after or consume-before) of a test spec."""
     mode = WORKLOADS[name].commit
 
-    def client(bootstrap: str, process: int) -> ConsumeClient:
-        return ConsumeClient(bootstrap, spec.producer, spec.consumer, group_id=GROUP, mode=mode, process=process,
+    def client(bootstrap: str, process: int, group_id: str) -> ConsumeClient:
+        return ConsumeClient(bootstrap, spec.producer, spec.consumer, group_id=group_id, mode=mode, process=process,
                              keys=spec.keys, clients_dir=clients_dir)
 
     def main(thread: int) -> ConsumeGenerator:
         return ConsumeGenerator.start(spec.seed, thread, spec.concurrency, spec.keys, spec.max_sends_per_op, spec.rate,
                                       mode)
 
-    def final(unread: str | None = None):
-        return EachThread(lambda thread: FinalReads(tuple(spec.keys), spec.final_time_limit, unread=unread,
-                                                    committed=unread is None))
-
-    return Workload(name=name, generator=EachThread(main), final_generator=final(),
-                    final_unhealed=lambda why: final(why), client=client,
-                    hints={"consumer_mode": "subscribe", "transactions": False})
+    return queue_workload(spec, name, client, main)

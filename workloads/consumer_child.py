@@ -23,7 +23,7 @@ import sys
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from .queue import record_of
+from .queue import rebalance_entry, record_of
 
 PR_SET_PDEATHSIG = 1
 
@@ -60,7 +60,7 @@ def main() -> None:
 
     def logged(kind: str):
         def callback(_consumer, partitions):
-            rebalances.append({"type": kind, "keys": sorted(_key(p.topic, p.partition) for p in partitions)})
+            rebalances.append(rebalance_entry(kind, partitions))
         return callback
 
     def answer(obj: dict) -> None:

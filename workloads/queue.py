@@ -227,6 +227,11 @@ def record_of(m) -> dict:
     return {"key": f"{m.topic()}/{m.partition()}", "offset": m.offset(), "value": value}
 
 
+def rebalance_entry(kind: str, partitions) -> dict:
+    """A `rebalance_log` entry: what the group did (`assigned`, `revoked`, `lost`) with which keys."""
+    return {"type": kind, "keys": sorted(f"{p.topic}/{p.partition}" for p in partitions)}
+
+
 def parse_key(key: str) -> tuple[str, int]:
     topic, _, partition = key.rpartition("/")
     return topic, int(partition)
@@ -474,11 +479,14 @@ class QueueClient:
             except (KafkaException, RuntimeError):
                 pass
         if self.producer is not None:
+            # Queued and in flight alike: whatever the process still held goes with it (a transaction
+            # it left open is the coordinator's to abort).
             try:
                 self.producer.purge()
                 self.producer.flush(0)
-            except KafkaException:
-                pass  # a producer failed for good (a fenced transactional one, say) has nothing to hand over
+            except KafkaException as exc:
+                # A producer failed for good (a fenced transactional one) refuses even this.
+                LIBRDKAFKA_LOG.info("closing the producer of a process that ended: %s", exc)
         self.producer = self.consumer = None
 
     def invoke(self, op: Op) -> Op:
@@ -619,8 +627,9 @@ class QueueClient:
         incremental protocols; the whole assignment under eager classic ones). librdkafka assigns
         or unassigns them itself after the callback."""
         def callback(consumer, partitions):
-            keys = sorted(f"{p.topic}/{p.partition}" for p in partitions)
-            self.rebalances.append({"type": kind, "keys": keys})
+            entry = rebalance_entry(kind, partitions)
+            self.rebalances.append(entry)
+            keys = entry["keys"]
             if kind == "assigned":
                 self.assignment = sorted(set(self.assignment) | set(keys))
             else:
@@ -678,36 +687,47 @@ class QueueClient:
 def workload(spec, clients_dir=None) -> Workload:
     """The queue workload of a test spec: every worker assigns, sends and polls at the spec's rate,
     its stream drawn from the spec's seed; final reads of every key."""
-    return queue_workload(spec, "queue", QueueClient)
+    return queue_workload(spec, "queue", lambda bootstrap, process, group_id: QueueClient(
+        bootstrap, spec.producer, spec.consumer, group_id=group_id))
 
 
 def subscribe_workload(spec, clients_dir=None) -> Workload:
     """The queue workload with group membership: every worker's consumer subscribes (one group for
     the run) and now and then ends its process, leaving the group to a successor that joins it;
     each poll records the rebalances it went through."""
-    return queue_workload(spec, "subscribe", QueueClient, group_id="faultline-group")
+    return queue_workload(spec, "subscribe", lambda bootstrap, process, group_id: QueueClient(
+        bootstrap, spec.producer, spec.consumer, group_id=group_id))
 
 
-def queue_workload(spec, name: str, make_client, group_id: str | None = None, **client_args) -> Workload:
-    """A workload of the queue family (`name` in models.spec.WORKLOADS): `make_client(bootstrap,
-    producer, consumer, group_id=..., **client_args)` for each process, in the process's own
-    consumer group unless `group_id` names one for all."""
+# The one consumer group of a run whose consumers subscribe.
+GROUP = "faultline-group"
+
+
+def queue_workload(spec, name: str, make_client, main=None) -> Workload:
+    """A workload of the queue family (`name` in models.spec.WORKLOADS, whose traits say how it
+    consumes): `make_client(bootstrap, process, group_id)` for each process, the group the run's
+    (GROUP) when its consumers subscribe and the process's own otherwise; `main(thread)` each
+    worker's generator (default: the queue generator, transactional or subscribing as the traits
+    say). Final reads of every key, first asking a committing group's offsets."""
     traits = WORKLOADS[name]
+    subscribe = traits.consumer_mode == "subscribe"
 
     def client(bootstrap: str, process: int):
-        return make_client(bootstrap, spec.producer, spec.consumer, group_id=group_id or f"faultline-{process}",
-                           **{k: (v(process) if callable(v) else v) for k, v in client_args.items()})
+        return make_client(bootstrap, process, GROUP if subscribe else f"faultline-{process}")
 
-    def main(thread: int) -> QueueGenerator:
+    def queue_main(thread: int) -> QueueGenerator:
         return QueueGenerator.start(spec.seed, thread, spec.concurrency, spec.keys, spec.max_sends_per_op, spec.rate,
-                                    txn=traits.transactions, subscribe=traits.consumer_mode == "subscribe")
+                                    txn=traits.transactions, subscribe=subscribe)
+
+    def final(unread: str | None = None):
+        return EachThread(lambda thread: FinalReads(tuple(spec.keys), spec.final_time_limit, unread=unread,
+                                                    committed=traits.commit is not None and unread is None))
 
     return Workload(
         name=name,
-        generator=EachThread(main),
-        final_generator=EachThread(lambda thread: FinalReads(tuple(spec.keys), spec.final_time_limit)),
-        final_unhealed=lambda why: EachThread(lambda thread: FinalReads(tuple(spec.keys), spec.final_time_limit,
-                                                                        unread=why)),
+        generator=EachThread(main or queue_main),
+        final_generator=final(),
+        final_unhealed=final,
         client=client,
         hints={"consumer_mode": traits.consumer_mode, "transactions": traits.transactions},
     )

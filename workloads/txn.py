@@ -61,15 +61,6 @@ class TxnClient(QueueClient):
         super().open()
         self.initialized = False
 
-    def close(self) -> None:
-        if self.producer is not None:
-            try:
-                # In flight too: whatever the process held is the coordinator's to abort.
-                self.producer.purge(in_queue=True, in_flight=True)
-            except KafkaException:
-                pass
-        super().close()
-
     def invoke(self, op: Op) -> Op:
         if op["f"] == "txn":
             return self._txn(op)
@@ -225,11 +216,15 @@ class TxnClient(QueueClient):
 
 def workload(spec, clients_dir=None) -> Workload:
     """The transactional queue workload of a test spec."""
-    return queue_workload(spec, "txn", TxnClient, seed=spec.seed, process=lambda process: process)
+    return queue_workload(spec, "txn", _clients(spec))
 
 
 def subscribe_workload(spec, clients_dir=None) -> Workload:
     """The transactional queue with group membership: each transaction commits the group's offsets
     of what it read (send_offsets_to_transaction)."""
-    return queue_workload(spec, "txn-subscribe", TxnClient, group_id="faultline-group", seed=spec.seed,
-                          process=lambda process: process)
+    return queue_workload(spec, "txn-subscribe", _clients(spec))
+
+
+def _clients(spec):
+    return lambda bootstrap, process, group_id: TxnClient(bootstrap, spec.producer, spec.consumer, group_id=group_id,
+                                                          seed=spec.seed, process=process)
