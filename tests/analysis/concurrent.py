@@ -5,7 +5,8 @@ scenario name (the prefix of its keys), a `random.Random`, the fault to
 inject (None for a correct run), the first process number the scenario may
 use, and its shape (concurrency, operations, atomic or interleaved effects,
 how often clients subscribe, whether txns are drawn, whether the first
-operation of each kind completes ok).
+operation of each kind completes ok, whether rebalance logs are typed,
+whether the group's members process and commit explicitly).
 Out: a `Run`: the scenario's keys, the anomaly types the engines must report
 for them (exactly), the witnesses of the types a correct history can show
 too (exactly, each with its cause), and, per operation, when its writes and
@@ -61,17 +62,35 @@ fenced commits):
 - every change of membership (a subscribe, a member's assign, a member's
   crash) starts a new generation, which deals the keys, in a random order,
   round-robin to the sorted members;
-- a member learns of generations only inside a poll (each poll mop of a
-  txn too), before it fetches: its `rebalance_log` lists its key set after
-  each generation that changed it. A key it kept throughout keeps its
-  position; a key it gained (or lost and regained) restarts at the group's
-  committed offset for it, or at 0 when none was committed: every key whose
+- a member learns of the latest generation only inside a poll (each poll
+  mop of a txn too), before it fetches: it gives up the keys no longer
+  dealt to it, then takes those dealt to it that no one holds (a key moves
+  only once its holder gave it up, or ended). Its `rebalance_log` says what
+  changed: typed entries (`lost`, `revoked`, `assigned`, the keys that
+  changed, as the incremental protocols' callbacks do) or untyped ones (the
+  key set after the change). A key it kept keeps its position; one it took
+  restarts at the group's committed offset for it, or at 0: every key whose
   position a rebalance moves during an operation is named by an entry of
   that operation's rebalance_log, as a real consumer's is (the simulator
-  asserts it). A member does not fetch between polls, so after a rebalance
-  no two members fetch a key;
-- right after fetching, a member commits its positions (probability 0.6):
-  commits lag, so a new owner may re-read records.
+  asserts it). A member with typed logs leaves only by ending, as the
+  subscribe workload's members do;
+- commits: right after fetching, a member commits its positions
+  (probability 0.6), unless the group consumes (below); commits lag, so a
+  new owner may re-read records. An expelled member's commits are fenced;
+- a consuming group's members instead run `process` operations (`ok`: the
+  records their ok polls returned since the last one; `info`: died during
+  it, the process ends) and `commit` operations of their positions (`ok`,
+  `fail`, or `info`: committed or not, the process ends), in any order, and
+  after the final reads a `committed` operation says the group's offsets.
+  What repeats and what is passed over is predicted from what really
+  happened: duplicate-consumption (a record two ok process operations
+  processed) and lost-consumption (a record of the log below the highest
+  offset ok commits and the committed operation gave its key, processed by
+  no ok or info process operation), each witness exactly;
+- holdings (history_analysis/ownership.py) are predicted as the engines
+  see them: from the completion of the call whose log gave a key to the
+  invocation of the call whose log took it, or of the operation that ended
+  the process. Without a fault no two intersect.
 So under subscribe a process may skip offsets (its key was read by others
 meanwhile) or go back (its own reads were not committed): poll-skip and
 nonmonotonic-poll across operations. Inside one operation the engines do
@@ -154,7 +173,14 @@ Faults (at most one per scenario, injected at a random step of the run):
 - "int-skip" / "int-rewind": a fresh process's ok poll returns offsets o, o+2
   (o+1 exists) / o+1, o of a key -> {int-poll-skip} / {int-nonmonotonic-poll};
 - "int-send-reorder": a fresh process's ok send of two values to a key,
-  appended and acknowledged in reverse order -> {int-nonmonotonic-send}.
+  appended and acknowledged in reverse order -> {int-nonmonotonic-send};
+- "expelled" (typed logs): a member between operations is paused while its
+  membership expires; the group deals its keys to the others, and it takes
+  no step until one of them is taken (or a few hundred steps passed). Its
+  next poll logs them `lost` and it joins again -> {ownership-overlap},
+  every pair of intersecting holdings predicted, when another member's poll
+  took a key before that poll began (else not injected); what both
+  processed may show as duplicate-consumption.
 A fault that finds nothing to act on (no visible record yet, say) is not
 injected (`Run.injected` is False) and the run is judged as a correct one.
 Not here: "write-cycle" (G0 needs no fault in interleaved mode, and the
@@ -171,12 +197,13 @@ from typing import Any, Iterator
 from .histories import Builder
 
 FAULTS = (None, "duplicate", "unexpected", "aborted", "lost", "truncated", "inconsistent", "int-skip",
-          "int-rewind", "int-send-reorder")
+          "int-rewind", "int-send-reorder", "expelled")
 # What each fault must add, whatever else happens (the rest is decided as the run goes).
 FAULT_TYPES = {
     "duplicate": {"duplicate"}, "unexpected": {"unexpected"}, "aborted": {"G1a"}, "lost": {"unseen"},
     "truncated": {"lost-write"}, "inconsistent": {"inconsistent-offsets"}, "int-skip": {"int-poll-skip"},
     "int-rewind": {"int-nonmonotonic-poll"}, "int-send-reorder": {"int-nonmonotonic-send"},
+    "expelled": {"ownership-overlap"},
 }
 # What else a fault may add, depending on how the run went (see the module docstring): with
 # FAULT_TYPES, every type a fault can show beyond those a correct run shows.
@@ -187,7 +214,9 @@ FAULT_EXTRA = {
 # Witness types predicted one by one (`Run.witnesses`), with how to compare a found witness.
 CHAIN_TYPES = ("poll-skip", "nonmonotonic-poll")
 INT_POLL_TYPES = ("int-poll-skip", "int-nonmonotonic-poll")
-PREDICTED = (*CHAIN_TYPES, *INT_POLL_TYPES, "int-send-skip", "precommitted-read")
+CONSUMPTION_TYPES = ("duplicate-consumption", "lost-consumption")
+PREDICTED = (*CHAIN_TYPES, *INT_POLL_TYPES, "int-send-skip", "precommitted-read", *CONSUMPTION_TYPES,
+             "ownership-overlap")
 PROCESS_SPAN = 100_000  # process numbers of one scenario: base .. base + PROCESS_SPAN - 1
 
 
@@ -197,6 +226,12 @@ def witness_id(kind: str, w: dict) -> tuple:
         return (w["process"], w["key"], w["prev_offset"], w["next_offset"], tuple(w["ops"]))
     if kind in (*INT_POLL_TYPES, "int-send-skip"):
         return (w["process"], w["key"], w["op"], w["prev_offset"], w["next_offset"])
+    if kind == "duplicate-consumption":
+        return (w["key"], w["offset"], tuple(w["processes"]), tuple(w["ops"]))
+    if kind == "lost-consumption":
+        return (w["key"], w["offset"], w["value"], w["committed"], w["committed_op"])
+    if kind == "ownership-overlap":
+        return (w["key"], *((h["process"], h["since_op"], h["until_op"]) for h in w["held"]))
     return (w["process"], w["key"], w["op"], w["value"], w["offset"])  # precommitted-read
 
 
@@ -260,10 +295,12 @@ class Op:
     type: str = "invoke"
     first_append: dict[str, int] = field(default_factory=dict)  # key -> moment of its first append there
     last_read: dict[str, int] = field(default_factory=dict)  # key -> moment of its last fetch returning it
-    rebalances: list[list[str]] = field(default_factory=list)
+    rebalances: list[dict] = field(default_factory=list)  # its rebalance_log entries
     sent: set = field(default_factory=set)  # (key, value)
     sends: list = field(default_factory=list)  # (key, value) in mop order, whatever the outcome
     returned: set = field(default_factory=set)  # (key, value) its polls returned, whatever the outcome
+    # What its rebalances did, in order: ("taken" | "released", key).
+    handovers: list = field(default_factory=list)
 
 
 @dataclass
@@ -280,6 +317,7 @@ class Consumer:
     # not read since.
     reset: set = field(default_factory=set)
     chain: dict = field(default_factory=dict)  # (epoch, key) -> (op index, last offset read)
+    unprocessed: list = field(default_factory=list)  # records its ok polls returned, not processed yet
 
 
 @dataclass
@@ -322,6 +360,13 @@ class _Group:
         self.gen = 0
         self.assignments: list[dict[int, frozenset]] = [{}]
         self.committed: dict[str, int] = {}
+        # Who holds each key, as its consumer believes (from the call whose log gave it the key to
+        # the call whose log took it away): the coordinator gives a key to its next owner only once
+        # the holder gave it up (or left the group), as the cooperative protocols do.
+        self.holder: dict[str, int | None] = {k: None for k in keys}
+        # Keys the coordinator took from a member without its knowing (its membership expired):
+        # the member holds them, and fetches them, until its next poll's log says they were lost.
+        self.expelled: dict[int, set[str]] = {}
 
     def rebalance(self) -> None:
         members = sorted(self.members)
@@ -339,9 +384,24 @@ class _Group:
         self.rebalance()
 
     def leave(self, process: int) -> None:
+        for k, holder in self.holder.items():
+            if holder == process:
+                self.holder[k] = None
+        self.expelled.pop(process, None)
         if process in self.members:
             self.members.discard(process)
             self.rebalance()
+
+    def expel(self, process: int) -> set[str]:
+        """The member's membership expires (its session timed out while it was paused): the group
+        deals its keys to the others while it still holds them. Returns them."""
+        keys = {k for k, holder in self.holder.items() if holder == process}
+        for k in keys:
+            self.holder[k] = None
+        self.expelled[process] = keys
+        self.members.discard(process)
+        self.rebalance()
+        return keys
 
 
 class _Worker:
@@ -354,7 +414,7 @@ class _Worker:
 class Scenario:
     def __init__(self, rec: Recorder, name: str, rnd: random.Random, fault: str | None, first_process: int,
                  concurrency: int = 3, ops: int = 30, atomic: bool = False, subscribe: float = 0.3,
-                 txns: bool = True, first_ok: bool = False):
+                 txns: bool = True, first_ok: bool = False, typed: bool = False, consume: bool = False):
         self.rec, self.rnd, self.fault = rec, rnd, fault
         self.name, self.first_process = name, first_process
         self.concurrency, self.ops, self.atomic, self.subscribe = concurrency, ops, atomic, subscribe
@@ -362,6 +422,11 @@ class Scenario:
         # of each kind completes ok (so that no kind the clients issued went without success, which
         # would make the verdict unknown).
         self.txns, self.first_ok = txns, first_ok
+        # typed: rebalance_log entries say what changed (assigned / revoked / lost keys), as the
+        # incremental protocols' callbacks do, instead of the key set after each change; consume:
+        # the group's members process what they polled and commit explicitly (process and commit
+        # operations), instead of committing right after fetching.
+        self.typed, self.consume = typed, consume
         self.kinds_started: set[str] = set()
         self.fictional: set[int] = set()
         self.extra_facts: list[tuple[str, int, int]] = []  # (key, offset, value) polls returned off the log
@@ -380,6 +445,16 @@ class Scenario:
         self.injected = False
         self.fault_armed = False  # aborted / lost: waiting for the operation to act on
         self.fault_due = False  # waiting for something to act on
+        self.stall: dict | None = None  # an expelled member, paused until its key has a new holder
+        self.workers: list[_Worker] = []
+        self.processed: dict[tuple[str, int], list[tuple[int, int]]] = {}  # (key, offset) -> [(op, process)] ok
+        self.maybe_processed: set[tuple[str, int]] = set()  # by ok or info process operations
+        self.commits: list[tuple[int, dict[str, int]]] = []  # (op, offsets) of ok commit / committed operations
+        # (key, process, since op, until op, until invocation): a holding as the engines see it, from
+        # the call whose log gave the key to the call whose log took it or that ended the process.
+        self.holdings: list[tuple[str, int, int, int | None, float]] = []
+        self.held_since: dict[tuple[int, str], int] = {}  # (process, key) -> the op whose log gave it
+        self.last_op: dict[int, int] = {}  # process -> its latest operation
 
     # --- the broker ------------------------------------------------------
 
@@ -405,27 +480,42 @@ class Scenario:
         return len(self.log[key]) - 1
 
     def sync(self, c: Consumer, op: Op) -> None:
-        """A member goes through the generations it missed (inside a poll, before fetching)."""
-        if c.mode != "subscribe" or c.process not in self.group.members:
+        """A member catches up with the group (inside a poll, before fetching): it gives up the keys
+        the latest generation took from it (or that were taken without its knowing: lost), then
+        takes those it was given that no one holds any more."""
+        g = self.group
+        if c.mode != "subscribe":
             return
-        current, gained = set(c.keys), set()
-        for g in range(c.gen + 1, self.group.gen + 1):
-            keys = set(self.group.assignments[g].get(c.process, frozenset()))
-            if keys != current:
-                op.rebalances.append(sorted(keys))
-                gained |= keys - current
-                current = keys
-        for k in list(c.positions):
-            if k not in current:
-                del c.positions[k]
-        named = {k for ks in op.rebalances for k in ks}
-        for k in current:
-            if k in gained or k not in c.positions:
-                c.positions[k] = self.group.committed.get(k, 0)
-                c.reset.add(k)
-                # The operation's rebalance_log names every key whose position a rebalance moved.
-                assert k in named, (c.process, k, op.rebalances)
-        c.keys, c.gen = frozenset(current), self.group.gen
+        held = set(c.keys)
+        # An expelled member learns that it lost its keys, and joins the group again.
+        lost = g.expelled.pop(c.process, set()) & held
+        if lost:
+            g.join(c.process)
+        target = set(g.assignments[-1].get(c.process, frozenset()))
+        revoked = (held - target) - lost
+        for k in lost | revoked:
+            if g.holder[k] == c.process:
+                g.holder[k] = None
+            del c.positions[k]
+            op.handovers.append(("released", k))
+        kept = held - lost - revoked
+        gained = {k for k in target - kept if g.holder[k] is None}
+        for k in gained:
+            g.holder[k] = c.process
+            c.positions[k] = g.committed.get(k, 0)
+            c.reset.add(k)
+            op.handovers.append(("taken", k))
+        now = kept | gained
+        if self.typed:
+            op.rebalances += [{"type": t, "keys": sorted(ks)} for t, ks in
+                              (("lost", lost), ("revoked", revoked), ("assigned", gained)) if ks]
+        elif now != held:
+            op.rebalances.append({"keys": sorted(now)})
+        named = {k for e in op.rebalances for k in e["keys"]}
+        for k in gained | lost | revoked:
+            # The operation's rebalance_log names every key whose position a rebalance moved.
+            assert k in named or not self.typed and k not in now, (c.process, k, op.rebalances)
+        c.keys = frozenset(now)
 
     def fetch(self, c: Consumer, op: Op, most: int = 3) -> list[Record]:
         self.sync(c, op)
@@ -442,7 +532,8 @@ class Scenario:
                 op.last_read[k] = t
                 op.returned |= {(k, r.value) for r in got}
             out += got
-        if c.mode == "subscribe" and self.rnd.random() < 0.6:
+        if c.mode == "subscribe" and self.rnd.random() < 0.6 and not self.consume \
+                and not self.group.expelled.get(c.process):  # an expelled member's commit is fenced
             for k in c.keys:
                 self.group.committed[k] = c.positions[k]
         return out
@@ -454,7 +545,7 @@ class Scenario:
         outcome), predicting their chain witnesses, and the int- poll witnesses on the keys its
         rebalance_log does not name; mark what was read. A rolled-back transaction's records
         (`moves_chain` false) are judged against the chain but leave it where it was."""
-        rebalanced = {k for ks in op.rebalances for k in ks}
+        rebalanced = {k for e in op.rebalances for k in e["keys"]}
         last_in_op: dict[str, Record] = {}
         for r in records:
             e = self.log[r.key][r.offset]
@@ -558,8 +649,17 @@ class Scenario:
     # --- client operations: generators, one step per effect ----------------
 
     def retire(self, w: _Worker) -> None:
-        self.group.leave(w.consumer.process)
-        w.consumer = Consumer(w.consumer.process + self.concurrency)
+        """The process ended (its last operation is `info`, or never completed): it holds nothing past
+        that operation's invocation, and its worker goes on as a fresh process."""
+        c = w.consumer
+        last = self.effects[self.last_op[c.process]]
+        for k in sorted(k for p, k in self.held_since if p == c.process):
+            self.release(c.process, k, last)
+        self.group.leave(c.process)
+        w.consumer = Consumer(c.process + self.concurrency)
+
+    def release(self, process: int, key: str, op: Op) -> None:
+        self.holdings.append((key, process, self.held_since.pop((process, key)), op.index, op.invoke))
 
     def finish(self, op: Op, type_: str, f: str, **fields) -> None:
         op.type = type_
@@ -569,6 +669,18 @@ class Scenario:
         else:
             op.index = self.rec.complete(op.process, type_, f, **fields)
         self.effects[op.index] = op
+        self.last_op[op.process] = op.index
+        # Held from the completion of the call that gave the key (none if the same call took it back).
+        given = set()
+        for what, k in op.handovers:
+            if what == "taken":
+                given.add(k)
+            else:
+                given.discard(k)
+                if (op.process, k) in self.held_since:
+                    self.release(op.process, k, op)
+        for k in given:
+            self.held_since.setdefault((op.process, k), op.index)
 
     def outcome(self, f: str, outcomes: list[str], weights: list[int]) -> str:
         """How an operation of kind f completes (with `first_ok`, the first of its kind: ok)."""
@@ -644,8 +756,10 @@ class Scenario:
         done = [{"f": "poll", "records": [{"key": r.key, "offset": r.offset, "value": r.value} for r in got]}
                 for got in fetched]
         self.finish(op, outcome, "poll", mops=done, final=final or None,
-                    rebalance_log=[{"keys": ks} for ks in op.rebalances] or None)
+                    rebalance_log=op.rebalances or None)
         self.observe(c, op, [r for got in fetched for r in got], outcome == "ok")
+        if outcome == "ok":
+            self.to_process(c, [r for got in fetched for r in got])
 
     def txn_op(self, w: _Worker) -> Iterator:
         c = w.consumer
@@ -670,8 +784,9 @@ class Scenario:
                 else:
                     done.append(self.poll_mop(c, op, records))
             yield
-            self.finish(op, "ok", "txn", mops=done, rebalance_log=[{"keys": ks} for ks in op.rebalances] or None)
+            self.finish(op, "ok", "txn", mops=done, rebalance_log=op.rebalances or None)
             self.observe(c, op, records, True)
+            self.to_process(c, records)
             for r in records:
                 if (r.key, r.value) in op.sent:
                     self.witnesses["precommitted-read"][(op.process, r.key, op.index, r.value, r.offset)] = \
@@ -708,7 +823,7 @@ class Scenario:
             else:
                 done.append(self.poll_mop(c, op, records))
         yield
-        self.finish(op, "fail", "txn", mops=done, rebalance_log=[{"keys": ks} for ks in op.rebalances] or None)
+        self.finish(op, "fail", "txn", mops=done, rebalance_log=op.rebalances or None)
         self.observe(c, op, records, False, moves_chain=False)
         firsts: dict[str, Record] = {}
         for r in records:
@@ -718,6 +833,57 @@ class Scenario:
                 c.positions[k] = r.offset
                 if r.after_reset:
                     c.reset.add(k)
+
+    def to_process(self, c: Consumer, records: list[Record]) -> None:
+        """What an ok poll gave a member of a consuming group, for its application to process."""
+        if self.consume and c.mode == "subscribe":
+            c.unprocessed += records
+
+    def process_op(self, w: _Worker) -> Iterator:
+        """The application processes what its polls gave it: `ok`, all of it; `info`, it died
+        during the processing (some may have been processed) and the process ends."""
+        c = w.consumer
+        records, c.unprocessed = c.unprocessed, []
+        outcome = self.outcome("process", ["ok", "info"], [92, 8])
+        op = Op(c.process, "process")
+        op.invoke = self.rec.invoke(c.process, "process")
+        yield
+        self.finish(op, outcome, "process",
+                    processed=[{"key": r.key, "offset": r.offset, "value": r.value} for r in records])
+        for r in records:
+            self.maybe_processed.add((r.key, r.offset))
+            if outcome == "ok":
+                self.processed.setdefault((r.key, r.offset), {}).setdefault(op.index, c.process)
+        if outcome == "info":
+            self.retire(w)
+
+    def commit_op(self, w: _Worker) -> Iterator:
+        """The member commits its positions for the group: `ok`, committed; `fail`, refused (always,
+        for a member whose membership expired: the coordinator fences its generation); `info`,
+        unknown (committed or not) and the process ends."""
+        c = w.consumer
+        offsets = {k: c.positions[k] for k in sorted(c.keys)}
+        fenced = bool(self.group.expelled.get(c.process))
+        outcome = "fail" if fenced else self.outcome("commit", ["ok", "fail", "info"], [85, 10, 5])
+        op = Op(c.process, "commit")
+        op.invoke = self.rec.invoke(c.process, "commit")
+        yield
+        if outcome == "ok" or outcome == "info" and self.rnd.random() < 0.5:
+            self.group.committed.update(offsets)
+        self.finish(op, outcome, "commit", offsets=offsets)
+        if outcome == "ok":
+            self.commits.append((op.index, offsets))
+        if outcome == "info":
+            self.retire(w)
+
+    def committed_op(self, process: int) -> Iterator:
+        """After the final reads: the group's committed offsets, as the broker says them."""
+        op = Op(process, "committed")
+        op.invoke = self.rec.invoke(process, "committed", final=True)
+        yield
+        offsets = dict(sorted(self.group.committed.items()))
+        self.finish(op, "ok", "committed", final=True, offsets=offsets)
+        self.commits.append((op.index, offsets))
 
     def assign_op(self, w: _Worker, keys: list[str] | None = None, seek: bool | None = None,
                   final: bool = False) -> Iterator:
@@ -762,8 +928,8 @@ class Scenario:
         op.invoke = self.rec.invoke(c.process, "subscribe", keys=list(self.keys))
         yield
         if outcome == "ok":
-            if c.process in self.group.members:
-                self.group.rebalance()
+            if c.process in self.group.members or c.process in self.group.expelled:
+                self.group.rebalance()  # (an expelled member learns it at its next poll)
             else:
                 c.mode, c.positions, c.keys, c.reset = "subscribe", {}, frozenset(), set()
                 self.group.join(c.process)
@@ -779,11 +945,17 @@ class Scenario:
             return self.subscribe_op(w) if self.rnd.random() < self.subscribe else self.assign_op(w)
         # A member seldom subscribes again or leaves: its poll chain goes on through rebalances.
         member = w.consumer.mode == "subscribe"
-        action = self.rnd.choices(["send", "poll", "txn", "assign", "subscribe"],
-                                  [35, 30, 15 * self.txns, 1 + 10 * (1 - self.subscribe) * (not member),
-                                   1 if member else 10 * self.subscribe])[0]
+        consuming = member and self.consume
+        # A member whose rebalances are typed leaves the group only by ending, as the subscribe
+        # workload's do: an assign would take its keys with no entry of its log saying so.
+        action = self.rnd.choices(["send", "poll", "txn", "assign", "subscribe", "process", "commit"],
+                                  [35, 30, 15 * self.txns,
+                                   0 if member and self.typed else 1 + 10 * (1 - self.subscribe) * (not member),
+                                   1 if member else 10 * self.subscribe,
+                                   15 * (consuming and bool(w.consumer.unprocessed)),
+                                   10 * (consuming and bool(w.consumer.keys))])[0]
         return {"send": self.send_op, "poll": self.poll_op, "txn": self.txn_op, "assign": self.assign_op,
-                "subscribe": self.subscribe_op}[action](w)
+                "subscribe": self.subscribe_op, "process": self.process_op, "commit": self.commit_op}[action](w)
 
     def nemesis_op(self, f: str) -> Iterator:
         self.rec.invoke("nemesis", f, value={"grudge": {"n1": ["n2"]}})
@@ -833,6 +1005,18 @@ class Scenario:
         elif f == "int-send-reorder":
             self.injected = True
             return self.reorder_op(k)
+        elif f == "expelled" and self.typed:
+            g = self.group
+            # A member between operations, whose next poll will be its first to learn of it.
+            idle = {w.consumer.process for w in self.workers if w.task is None}
+            holders = sorted({p for p in g.holder.values() if p in idle}) if len(g.members) > 1 else []
+            if holders:
+                p = r.choice(holders)
+                keys = g.expel(p)
+                # Injected; whether an overlap shows (another member's poll taking a key before the
+                # expelled one's next poll began) is known at the end.
+                self.injected, self.detail = True, {"process": p, "keys": sorted(keys)}
+                self.stall = {"process": p, "keys": keys, "steps": 300}
         return None
 
     def inconsistent_op(self, k: str, o: int) -> Iterator:
@@ -886,7 +1070,7 @@ class Scenario:
 
     def run(self) -> Run:
         r = self.rnd
-        workers = [_Worker(i, self.first_process + i) for i in range(self.concurrency)]
+        workers = self.workers = [_Worker(i, self.first_process + i) for i in range(self.concurrency)]
         nemesis: Iterator | None = None
         faulty: Iterator | None = None
         started = 0
@@ -901,7 +1085,7 @@ class Scenario:
                 for k, v in sends:
                     self.append(k, v, op)
             choices = [w for w in workers if w.task or started < self.ops]
-            lanes: list[Any] = list(choices)
+            lanes: list[Any] = [w for w in choices if w.consumer.process != self.stalled()] or list(choices)
             if nemesis is not None or (started < self.ops and r.random() < 0.03):
                 lanes.append("nemesis")
             if faulty is not None:
@@ -924,7 +1108,7 @@ class Scenario:
                     self.append(k, v, op)
         self.pending = []
         # A fault that found nothing to act on yet has a last chance.
-        if self.fault and not self.injected and self.fault not in ("aborted", "lost", "truncated"):
+        if self.fault and not self.injected and self.fault not in ("aborted", "lost", "truncated", "expelled"):
             got = self.inject()
             if got is not None:
                 self.drain(got)
@@ -933,6 +1117,16 @@ class Scenario:
             self.truncate()
         self.final_reads(workers)
         return self.result()
+
+    def stalled(self) -> int | None:
+        """The process of an expelled member that is still paused (as a consumer whose membership
+        expired during a long pause is): it takes no step until another member took its key, for
+        at most a few hundred steps."""
+        st = self.stall
+        if st is None or st["steps"] <= 0 or any(self.group.holder[k] is not None for k in st["keys"]):
+            return None
+        st["steps"] -= 1
+        return st["process"]
 
     @staticmethod
     def step(task: Iterator) -> Iterator | None:
@@ -966,6 +1160,8 @@ class Scenario:
             n = self.rnd.choice(sorted(tasks))
             if self.step(tasks[n]) is None:
                 del tasks[n]
+        if self.consume:
+            self.drain(self.committed_op(readers[0].consumer.process))
 
     def final_read(self, w: _Worker, keys: list[str]) -> Iterator:
         yield from self.assign_op(w, keys, seek=True, final=True)
@@ -973,8 +1169,40 @@ class Scenario:
             yield from self.poll_op(w, final=True, most=4)
         yield from self.assign_op(w, keys, seek=False, final=True)
 
+    def predict_consumption(self) -> None:
+        """duplicate-consumption: a record (key, offset) that two or more ok process operations
+        processed; lost-consumption: a record of the log below the highest offset ok commit and
+        committed operations gave its key, that no ok or info process operation processed."""
+        for (k, o), by_op in self.processed.items():
+            if len(by_op) > 1:
+                ops = sorted(by_op)
+                self.witnesses["duplicate-consumption"][(k, o, tuple(by_op[i] for i in ops), tuple(ops))] = "group"
+        top: dict[str, tuple[int, int]] = {}  # key -> (highest offset committed, the earliest op that did)
+        for op, offsets in sorted(self.commits):
+            for k, o in offsets.items():
+                if k not in top or o > top[k][0]:
+                    top[k] = (o, op)
+        for k, o, v in set(self.facts()):
+            if k in top and o < top[k][0] and (k, o) not in self.maybe_processed:
+                self.witnesses["lost-consumption"][(k, o, v, *top[k])] = "group"
+
+    def predict_overlaps(self) -> None:
+        """ownership-overlap: two processes' holdings of a key (history_analysis/ownership.py) that
+        intersect, the earlier-begun first; only an expelled member's can."""
+        held = self.holdings + [(k, p, since, None, float("inf")) for (p, k), since in self.held_since.items()]
+        for a in held:
+            for b in held:
+                if a[0] == b[0] and a[1] != b[1] and (a[2], a[1]) < (b[2], b[1]) and b[2] < a[4]:
+                    self.witnesses["ownership-overlap"][(a[0], a[1:4], b[1:4])] = \
+                        "fault" if self.fault == "expelled" else "unexplained"
+        if self.fault == "expelled":
+            self.injected = bool(self.witnesses["ownership-overlap"])
+
     def result(self) -> Run:
         self.predict_sends()
+        self.predict_consumption()
+        if self.typed:
+            self.predict_overlaps()
         expected = set(self.expected)
         if self.injected:
             expected |= FAULT_TYPES[self.fault]
