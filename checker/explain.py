@@ -25,8 +25,19 @@ def _fmt(w: dict[str, Any], name: str, default: Any = "?") -> Any:
 def _duplicate(w):
     offsets = w.get("offsets") or []
     pairs = ", ".join(str(o) for o in offsets)
+    sends = w.get("sends") or []
+    processes = sorted({s["process"] for s in sends})
+    if len(sends) > 1:
+        how = (f"sent {len(sends)} times, by processes {', '.join(map(str, processes))} (op "
+               f"{', '.join(str(s['op']) for s in sends)}): the application sent it again"
+               + (" from another producer session" if len(processes) > 1 else ""))
+    elif sends:
+        how = (f"one send (op {sends[0]['op']}, process {sends[0]['process']}), several positions in the log: "
+               "the producer wrote it twice in one session")
+    else:
+        how = "one send, several positions in the log"
     return (f"value {_fmt(w, 'value')} of {_fmt(w, 'key')} was read at offsets {pairs} "
-            f"({_ops(w.get('ops'))}): one send, several positions in the log")
+            f"({_ops(w.get('ops'))}): {how}")
 
 
 def _inconsistent(w):
@@ -166,6 +177,7 @@ def _cycle(w):
 # Keyed by the names of models/anomaly_types.py: a test holds these keys to exactly the registry's.
 EXPLAINERS: dict[str, Callable[[dict], str]] = {
     "duplicate": _duplicate,
+    "resent-duplicate": _duplicate,
     "inconsistent-offsets": _inconsistent,
     "reused-offset": _reused,
     "unexpected": _unexpected,

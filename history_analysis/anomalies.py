@@ -40,8 +40,10 @@ ends before completing), and `process` is an integer. Fields per type:
   final_end, final_read_to, ops = [send_op, final_assign];
 - unseen (one witness per key): key, count, values, offsets, ops (the
   earliest few unseen sends of that key: values[i] at offsets[i] by ops[i]);
-- duplicate: key, value, offsets, ops (ops[i] is the first op showing value
-  at offsets[i]);
+- duplicate, resent-duplicate: key, value, offsets, ops (ops[i] is the
+  first op showing value at offsets[i]), sends (every operation that sent
+  the value, of any outcome, by op: op, process, type; a process is one
+  producer session);
 - inconsistent-offsets: key, offset, values, ops (ops[i] is the first poll
   that returned values[i] at offset);
 - reused-offset (one per key, offset and acknowledged value): key, offset,
@@ -98,7 +100,11 @@ Definitions (shared/anomalies.md, made precise; reference.py is the oracle):
   known end, does not hold at o;
 - unseen: values of acknowledged sends, and of `ok` sends without offset,
   that no `ok` poll returned;
-- duplicate: a value at two or more offsets of a key; inconsistent-offsets:
+- duplicate: a value at two or more offsets of a key, more offsets than the
+  processes (producer sessions) whose sends, of any outcome, sent it;
+  resent-duplicate: the same with no more offsets than those sessions
+  (each may have written it once: the application sent it again);
+  inconsistent-offsets:
   an offset of a key at which polls returned two or more values;
   reused-offset: a value acknowledged at an offset where no poll returned
   it, while the log holds another value there (read or acknowledged);
@@ -418,6 +424,12 @@ def _duplicate_and_inconsistent(facts: DataFrame) -> list[DataFrame]:
     dup = (held("vmin != vmax").groupBy("key", "value")
            .agg(F.count(F.lit(1)).alias("n"), F.array_sort(F.collect_list(F.struct("offset", "op"))).alias("e"))
            .filter("n >= 2"))
+    # Which operations sent a duplicated value (a producer session each, as a process is one), of any outcome.
+    senders = (facts.filter("kind = 's'").groupBy("key", "value")
+               .agg(F.array_sort(F.collect_set(F.expr("struct(op, CAST(process AS LONG) AS process, type)")))
+                    .alias("sends")))
+    dup = (dup.join(senders, ["key", "value"], "left").withColumn("sends", F.expr("coalesce(sends, array())"))
+           .withColumn("resent", F.expr("n <= size(array_distinct(sends.process))")))
     # What else the offset holds, each value named by the first poll that returned it, or else by
     # its first acknowledgement; the earliest of those other than an acknowledged value itself.
     at_offset = "OVER (PARTITION BY key, offset)"
@@ -430,8 +442,9 @@ def _duplicate_and_inconsistent(facts: DataFrame) -> list[DataFrame]:
         .selectExpr("*", "CASE WHEN send_op IS NOT NULL AND read_op IS NULL "
                          "THEN try_element_at(filter(there, x -> x.value != value), 1) END AS other"))
     return [
-        _witness("duplicate", dup, "'key', key, 'value', value, 'offsets', e.offset, 'ops', e.op",
-                 "array_min(e.op)", "value"),
+        *[_witness(kind, dup.filter(where), "'key', key, 'value', value, 'offsets', e.offset, 'ops', e.op, "
+                   "'sends', sends", "array_min(e.op)", "value")
+          for kind, where in (("duplicate", "NOT resent"), ("resent-duplicate", "resent"))],
         _witnesses(offsets, [
             ("inconsistent-offsets", "nth = 1 AND size(reads) >= 2",
              "'key', key, 'offset', offset, 'values', reads.value, 'ops', reads.op", "array_min(reads.op)", "offset"),

@@ -217,17 +217,26 @@ def _skip_fields(log: Log, key: str, a: int, b: int) -> tuple[list[int], int]:
 
 
 def _duplicate_and_inconsistent(evs: list[Event], facts: dict[tuple, int], found: Found) -> None:
-    """duplicate (a value at two offsets), inconsistent-offsets (polls returned two values at one
+    """duplicate (a value at two offsets, more than the producer sessions that sent it) or
+    resent-duplicate (no more than those sessions), inconsistent-offsets (polls returned two values at one
     offset) and reused-offset (an offset acknowledged for a value that no poll returned there
     holds another value: the acknowledged write was lost and its offset given to another)."""
     by_value: dict[tuple, list] = defaultdict(list)
     for (key, offset, value), op in facts.items():
         by_value[(key, value)].append((offset, op))
+    senders: dict[tuple, set] = defaultdict(set)  # (key, value) -> {(op, process, type)} of its sends
+    for e in evs:
+        if e.kind == "s":
+            senders[(e.key, e.value)].add((e.op, e.process, e.type))
     for (key, value), e in by_value.items():
         if len(e) >= 2:
             e.sort()
-            found.add("duplicate", {"key": key, "value": value, "offsets": [o for o, _ in e],
-                                    "ops": [op for _, op in e]}, min(op for _, op in e), value)
+            sends = [{"op": op, "process": process, "type": type_}
+                     for op, process, type_ in sorted(senders.get((key, value), ()))]
+            sessions = len({s["process"] for s in sends})
+            kind = "resent-duplicate" if 2 <= len(e) <= sessions else "duplicate"
+            found.add(kind, {"key": key, "value": value, "offsets": [o for o, _ in e],
+                             "ops": [op for _, op in e], "sends": sends}, min(op for _, op in e), value)
     read: dict[tuple, dict[int, int]] = defaultdict(dict)  # (key, offset) -> value -> first op
     acked: dict[tuple, dict[int, int]] = defaultdict(dict)
     for e in evs:

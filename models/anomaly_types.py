@@ -93,7 +93,13 @@ REGISTRY: tuple[AnomalyType, ...] = (
        "at the end of the run, acknowledged sends that no ok poll ever returned (a count per key; informative "
        "while reads are still catching up, a loss once the final reads are done)"),
     _t("duplicate", ENGINE, (NO_DUPLICATES,),
-       "one value stands at two or more offsets of a key"),
+       "one value stands at two or more offsets of a key, more offsets than producer sessions (processes) sent "
+       "it: a producer wrote it twice"),
+    _t("resent-duplicate", ENGINE, (),
+       "one value stands at two or more offsets of a key, each offset accountable to a different producer session "
+       "(process) that sent it: the application sent it again from a new session",
+       never_bad="never promised: an idempotent producer drops its own retries within one session (its producer id "
+                 "and epoch); a value the application sends again from a new producer is a new record to Kafka"),
     _t("inconsistent-offsets", ENGINE, (DURABLE_COMMITS,),
        "one offset of a key holds two or more different values (different readers saw different logs)"),
     _t("reused-offset", ENGINE, (NO_LOSS,),
@@ -194,7 +200,10 @@ JEPSEN: dict[str, tuple[str, str]] = {
     "lost-write": ("lost-write-cases", "also a committed write the complete final log lacks at its offset (a tail cut "
                                        "after it was read past), which needs the broker's end offsets"),
     "unseen": ("unseen", "counts acknowledged sends of info operations too (their offsets are recorded)"),
-    "duplicate": ("duplicate-cases", ""),
+    "duplicate": ("duplicate-cases", "a value more than one producer session sent counts only when its offsets "
+                                     "outnumber those sessions (else resent-duplicate)"),
+    "resent-duplicate": ("duplicate-cases", "faultline's own split of Jepsen's duplicates: each offset accountable "
+                                            "to another session that sent the value"),
     "inconsistent-offsets": ("version-orders (:errors)", ""),
     "reused-offset": ("-", "faultline's own: an acknowledged offset that holds another value"),
     "unexpected": ("-", "faultline's own: a value nobody sent (Jepsen throws no-writer-of-value)"),

@@ -74,7 +74,7 @@ from .anomaly_types import (ATOMIC_TRANSACTIONS, CONSUMER_ORDER, DURABLE_COMMITS
 LONG_MAX = 2**63 - 1
 # Nemesis kinds that cannot make a replica fail: every other kind (kill, pause, power loss, partition,
 # restarts, and any kind this list does not know) counts as one that can.
-HARMLESS_FAULTS = frozenset({"clock", "kill-consumer"})
+HARMLESS_FAULTS = frozenset({"clock", "kill-consumer", "kill-producer"})
 BASE_NAMES = {(True, True): "exactly-once", (True, False): "at-least-once",
               (False, True): "at-most-once", (False, False): "best-effort"}
 DESCRIPTIONS = {

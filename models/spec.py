@@ -78,6 +78,10 @@ WORKLOADS = {
                 f"in a process of its own: the kill-consumer nemesis SIGKILLs it)")
        for mode, how in (("auto", "with enable.auto.commit=true"), ("after", "committing after processing"),
                          ("before", "committing before processing"))},
+    "resend": WorkloadTraits(
+        "assign", False,
+        summary="the queue, each producer in a process of its own (the kill-producer nemesis SIGKILLs it), and an "
+                "application that sends again, from its next producer session, what it never learned the fate of"),
     "subscribe": WorkloadTraits(
         "subscribe", False, coordinators=("group",),
         summary="the queue with group membership: consumers of one group subscribe, commit after each poll, "

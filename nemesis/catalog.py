@@ -1,7 +1,7 @@
 """Nemeses by the names `faultline run --nemesis` takes.
 
 In: the kinds asked for, the db, the broker and ZooKeeper nodes, the test's
-keys, (for partitions) the `Net` and (for kill-consumer) the folder of the
+keys, (for partitions) the `Net` and (for kill-consumer, kill-producer) the folder of the
 clients' pid files. Out: `({f: nemesis}, [(start f, stop
 f)])` for the interpreter and the schedule, or a ValueError naming the
 unknown kind and the known ones.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .clients import KillConsumerNemesis
+from .clients import KillClientNemesis
 from .partition import PartitionNemesis
 from .process import (ClockNemesis, KillNemesis, PauseNemesis, PowerLossNemesis, RollingRestartNemesis,
                       StaleElectionNemesis)
@@ -36,6 +36,8 @@ KINDS = {
                       "can make it leader), then the rest",
     "kill-consumer": "SIGKILL a consumer group member's process (consume-* workloads), as an application's; its "
                      "worker starts a new member in the same group at its next operation",
+    "kill-producer": "SIGKILL a producer's process (the resend workload), as an application's, mid-send or between "
+                     "sends; its worker starts a new producer session at its next operation",
     "partition": "cut the network (isolate a broker, a leader or the controller; halves; bridge; "
                  "majorities ring) with iptables, then heal it",
 }
@@ -48,8 +50,8 @@ def build(kinds: list[str], db, nodes: list[str], keys: list[str], zookeeper_nod
     for kind in kinds:
         if kind not in KINDS:
             raise ValueError(f"unknown nemesis {kind!r}; known: {', '.join(KINDS)}")
-        if kind == "kill-consumer":
-            nemesis = KillConsumerNemesis(clients_dir)
+        if kind in ("kill-consumer", "kill-producer"):
+            nemesis = KillClientNemesis(kind.partition("-")[2], clients_dir)
         elif kind == "kill" or kind.startswith("kill-"):
             nemesis = KillNemesis(db, nodes, keys, kind.partition("-")[2] or "random")
         elif kind in ("pause", "pause-leader"):

@@ -1,10 +1,12 @@
-"""Client faults: SIGKILL a consumer group member as one would an application's process.
+"""Client faults: SIGKILL a client's process as one would an application's.
 
-In: the folder where the consume workloads' members leave their pid files (`consumer-<process>.pid`;
-workloads/consumer_child.py). Out: `kill-consumer` SIGKILLs one live member, chosen from the op's
-seed, and reports its process number and pid (or that none was running); `consumers-rejoin` ends the
-fault: nothing to repair, since the killed member's worker finds it dead at its next operation,
-ends the process and starts a new member in the same group.
+In: the role (`consumer`: the consume workloads' group members, workloads/consumer_child.py;
+`producer`: the resend workload's producers, workloads/producer_child.py) and the folder where
+those processes leave their pid files (`<role>-<process>.pid`). Out: `kill-<role>` SIGKILLs one
+live client, chosen from the op's seed, and reports its process number and pid (or that none was
+running); the paired end (`consumers-rejoin`, `producers-restart`) has nothing to repair: the killed
+client's worker finds it dead at its next operation, ends the process and starts a new one (a new
+group member; a new producer session).
 """
 
 from __future__ import annotations
@@ -17,17 +19,22 @@ from typing import Any
 
 from .core import Op
 
+ENDS = {"consumer": "consumers-rejoin", "producer": "producers-restart"}
+NAMES = {"consumer": "consumer group member", "producer": "producer"}
+HEALED = {"consumer": "each killed member's worker starts a new member at its next operation",
+          "producer": "each killed producer's worker starts a new producer session at its next operation"}
 
-class KillConsumerNemesis:
-    fs = ("kill-consumer", "consumers-rejoin")
 
-    def __init__(self, clients_dir: Path | None):
+class KillClientNemesis:
+    def __init__(self, role: str, clients_dir: Path | None):
+        self.role = role
         self.clients_dir = clients_dir
+        self.fs = (f"kill-{role}", ENDS[role])
 
-    def _members(self) -> dict[int, int]:
-        """Live members: process number -> pid."""
+    def _live(self) -> dict[int, int]:
+        """Live clients of the role: process number -> pid."""
         found = {}
-        for path in sorted(self.clients_dir.glob("consumer-*.pid")) if self.clients_dir else []:
+        for path in sorted(self.clients_dir.glob(f"{self.role}-*.pid")) if self.clients_dir else []:
             try:
                 pid = int(path.read_text().strip())
                 os.kill(pid, 0)
@@ -37,19 +44,19 @@ class KillConsumerNemesis:
         return found
 
     def invoke(self, op: Op) -> Any:
-        if op["f"] == "kill-consumer":
-            members = self._members()
-            if not members:
-                return {"processes": [], "note": "no consumer group member was running"}
-            process = random.Random(op.get("seed", 0)).choice(sorted(members))
+        if op["f"] == self.fs[0]:
+            live = self._live()
+            if not live:
+                return {"processes": [], "note": f"no {NAMES[self.role]} was running"}
+            process = random.Random(op.get("seed", 0)).choice(sorted(live))
             try:
-                os.kill(members[process], signal.SIGKILL)
+                os.kill(live[process], signal.SIGKILL)
             except ProcessLookupError:
-                return {"processes": [], "note": f"the member of process {process} ended first"}
-            return {"processes": [process], "pids": {str(process): members[process]}, "signal": "SIGKILL"}
-        if op["f"] == "consumers-rejoin":
+                return {"processes": [], "note": f"the {NAMES[self.role]} of process {process} ended first"}
+            return {"processes": [process], "pids": {str(process): live[process]}, "signal": "SIGKILL"}
+        if op["f"] == self.fs[1]:
             return self.heal()
-        raise ValueError(f"KillConsumerNemesis cannot perform {op['f']!r}")
+        raise ValueError(f"the kill-{self.role} nemesis cannot perform {op['f']!r}")
 
     def heal(self) -> Any:
-        return {"note": "each killed member's worker starts a new member at its next operation"}
+        return {"note": HEALED[self.role]}

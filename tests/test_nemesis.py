@@ -238,9 +238,9 @@ def test_a_pause_target_and_a_resume_that_fails_are_recorded():
 def test_kill_consumer_sigkills_one_live_member_by_its_pid_file_and_says_which(tmp_path):
     import subprocess
 
-    from faultline.nemesis.clients import KillConsumerNemesis
+    from faultline.nemesis.clients import KillClientNemesis
 
-    nemesis = KillConsumerNemesis(tmp_path)
+    nemesis = KillClientNemesis("consumer", tmp_path)
     assert nemesis.invoke({"f": "kill-consumer", "seed": 1}) == {"processes": [],
                                                                  "note": "no consumer group member was running"}
     member = subprocess.Popen(["sleep", "60"])
@@ -253,3 +253,25 @@ def test_kill_consumer_sigkills_one_live_member_by_its_pid_file_and_says_which(t
     finally:
         member.kill()
     assert "next operation" in nemesis.invoke({"f": "consumers-rejoin"})["note"]
+
+
+def test_kill_producer_sigkills_one_live_producer_session_by_its_pid_file(tmp_path):
+    import subprocess
+
+    from faultline.nemesis.catalog import build
+
+    by_f, pairs = build(["kill-producer"], None, ["n1"], ["t/0"], clients_dir=tmp_path)
+    assert pairs == [("kill-producer", "producers-restart")]
+    nemesis = by_f["kill-producer"]
+    producer = subprocess.Popen(["sleep", "60"])
+    try:
+        (tmp_path / "producer-3.pid").write_text(str(producer.pid))
+        (tmp_path / "consumer-4.pid").write_text(str(producer.pid))  # another role's: not a producer
+        assert nemesis.invoke({"f": "kill-producer", "seed": 5}) == {
+            "processes": [3], "pids": {"3": producer.pid}, "signal": "SIGKILL"}
+        assert producer.wait(10) == -9
+        assert nemesis.invoke({"f": "kill-producer", "seed": 5}) == {"processes": [],
+                                                                     "note": "no producer was running"}
+    finally:
+        producer.kill()
+    assert "new producer session" in by_f["producers-restart"].invoke({"f": "producers-restart"})["note"]

@@ -1,12 +1,13 @@
 """Workloads by the names `faultline run --workload` takes: name -> (spec, clients_dir -> `Workload`).
 
 `clients_dir`: a folder of the run where a workload whose clients run in processes of their own
-(the consume workloads' group members) leaves their pid files, for the kill-consumer nemesis.
+(the consume workloads' group members, the resend workload's producers) leaves their pid files, for
+the kill-consumer and kill-producer nemeses.
 """
 
 from functools import partial
 
-from . import consume, queue, txn
+from . import consume, queue, resend, txn
 
 WORKLOADS = {
     "queue": queue.workload,
@@ -16,4 +17,5 @@ WORKLOADS = {
     "consume-auto": partial(consume.workload, name="consume-auto"),
     "consume-after": partial(consume.workload, name="consume-after"),
     "consume-before": partial(consume.workload, name="consume-before"),
+    "resend": resend.workload,
 }

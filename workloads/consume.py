@@ -20,16 +20,13 @@ group's committed offsets (`committed`).
 from __future__ import annotations
 
 import dataclasses
-import json
-import select
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from confluent_kafka import KafkaException, TopicPartition
 
 from ..models.spec import WORKLOADS
+from .child import Child, ChildGone
 from .core import Workload
 from .generator import PENDING, fill, resume, rng_state
 from .queue import END_OFFSETS_TIME, Op, QueueClient, parse_key, queue_workload
@@ -92,10 +89,6 @@ class ConsumeGenerator:
         return self
 
 
-class ChildGone(Exception):
-    """The member's process is dead."""
-
-
 class ConsumeClient(QueueClient):
     """One process's producer, in-harness consumer (final reads) and group member (a child)."""
 
@@ -104,8 +97,8 @@ class ConsumeClient(QueueClient):
         self.mode = mode
         self.keys = list(keys)
         self.process = process
-        self.pid_file = None if clients_dir is None else Path(clients_dir) / f"consumer-{process}.pid"
-        self.child: subprocess.Popen | None = None
+        self.member = Child("faultline.workloads.consumer_child",
+                            None if clients_dir is None else Path(clients_dir) / f"consumer-{process}.pid")
         self.pending: list[dict] = []  # polled, not yet processed
         # What the next commit commits, key -> one past the highest offset: processed since the last
         # commit (after) or polled since it (before). Only the keys of this batch: committing a key
@@ -113,60 +106,27 @@ class ConsumeClient(QueueClient):
         self.uncommitted: dict[str, int] = {}
 
     def close(self) -> None:
-        if self.child is not None:
-            try:
-                self._ask({"f": "close"}, 10)
-            except ChildGone:
-                pass
-            if self.child.poll() is None:
-                self.child.kill()
-            self.child.wait(10)
-            self.child = None
-        if self.pid_file is not None:
-            self.pid_file.unlink(missing_ok=True)
+        self.member.close()
         super().close()
 
-    def _start_child(self) -> None:
-        if self.pid_file is not None:
-            self.pid_file.parent.mkdir(parents=True, exist_ok=True)
-        # librdkafka's own log lines go beside the pid file (to nowhere without a folder).
-        log = open(self.pid_file.with_suffix(".log"), "a") if self.pid_file is not None else subprocess.DEVNULL
-        try:
-            self.child = subprocess.Popen([sys.executable, "-m", "faultline.workloads.consumer_child"],
-                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
-                                          bufsize=1)
-        finally:
-            if log is not subprocess.DEVNULL:
-                log.close()
+    def _start_member(self) -> None:
         config = {"bootstrap.servers": self.bootstrap, "group.id": self.group_id, **self.consumer_settings}
         if config.get("group.protocol") == "consumer":
             # KIP-848: the broker keeps the session; librdkafka refuses the classic protocol's settings.
             for name in CLASSIC_ONLY:
                 config.pop(name, None)
-        self.child.stdin.write(json.dumps({"config": config, "pid_file": str(self.pid_file or "")}) + "\n")
-        self.child.stdin.flush()
+        self.member.start({"config": config})
 
     def _ask(self, cmd: dict, timeout: float) -> dict:
-        if self.child is None or self.child.poll() is not None:
-            raise ChildGone("the member's process is not running")
-        try:
-            self.child.stdin.write(json.dumps(cmd) + "\n")
-            self.child.stdin.flush()
-        except (BrokenPipeError, OSError) as exc:
-            raise ChildGone(f"writing to the member failed: {exc}") from exc
-        ready, _, _ = select.select([self.child.stdout], [], [], timeout)
-        line = self.child.stdout.readline() if ready else None
-        if not line:
-            raise ChildGone("the member's process died" if ready else f"no answer within {timeout:g}s")
-        return json.loads(line)
+        return self.member.ask(cmd, timeout)
 
     def invoke(self, op: Op) -> Op:
         f = op["f"]
         if op.get("final") or f in ("send", "crash", "final-reads", "assign"):
             return self._committed() if f == "committed" else super().invoke(op)
-        if f == "subscribe" and self.child is None:
-            self._start_child()
-        if self.child is None or self.child.poll() is not None:
+        if f == "subscribe" and self.member.proc is None:
+            self._start_member()
+        if not self.member.alive:
             # Dead before the operation began: it did nothing (no records, no offsets), and it is `info`
             # only because the process ends with its member.
             return {"type": "info", **self._empty(f), "error": "the member's process was dead (killed) before "

@@ -7,7 +7,7 @@ n, "timeout": seconds}`, `{"f": "commit", "offsets": {key: offset}}`, `{"f": "co
 "keys": [...], "timeout": seconds}`, `{"f": "ping"}`, `{"f": "close"}`. Out: on stdout, one JSON answer a line per
 command: `{"records": [...], "rebalances": [...]}` for a poll (the rebalances its callbacks saw),
 `{"offsets": {...}}` for committed, `{}` otherwise, or `{"error": text}`. The process writes its
-pid to `pid_file` once it runs, and dies with its parent (PR_SET_PDEATHSIG): a harness killed
+pid to `pid_file` once it runs, and dies with its parent (`workloads.child`): a harness killed
 with SIGKILL leaves no member behind.
 
 Run as `python -m faultline.workloads.consumer_child`; `workloads.consume` starts and drives it.
@@ -15,27 +15,13 @@ Run as `python -m faultline.workloads.consumer_child`; `workloads.consume` start
 
 from __future__ import annotations
 
-import ctypes
 import json
-import os
-import signal
 import sys
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from .child import become_child
 from .queue import rebalance_entry, record_of
-
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass
-    if os.getppid() == 1:  # the parent died before the prctl took
-        os._exit(1)
-
 
 def _key(topic: str, partition: int) -> str:
     return f"{topic}/{partition}"
@@ -47,14 +33,9 @@ def _tp(key: str, offset: int | None = None) -> TopicPartition:
 
 
 def main() -> None:
-    _die_with_parent()
     out = sys.stdout
     setup = json.loads(sys.stdin.readline())
-    if setup.get("pid_file"):
-        tmp = setup["pid_file"] + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(str(os.getpid()))
-        os.replace(tmp, setup["pid_file"])
+    become_child(setup.get("pid_file"))
     consumer = Consumer(setup["config"])
     rebalances: list[dict] = []
 

@@ -179,6 +179,29 @@ def send_outcome(report: "Report | None") -> SendOutcome:
     return SEND_OUTCOMES.get(NO_REPORT if report is None else report.row, UNLISTED)
 
 
+def produce_all(producer: Producer, mops: list[Op], timeout: float) -> "list[Report | None]":
+    """Produce each send mop, in order, and wait up to `timeout` seconds for their delivery reports:
+    one Report per mop, None for those still queued or in flight (indeterminate)."""
+    reports: list[Report | None] = [None] * len(mops)
+
+    def report(i: int):
+        def delivered(err, msg):
+            reports[i] = Report.delivered(err, None if err else msg.offset())
+        return delivered
+
+    for i, mop in enumerate(mops):
+        topic, partition = parse_key(mop["key"])
+        try:
+            producer.produce(topic, str(mop["value"]).encode(), partition=partition, on_delivery=report(i))
+        except (BufferError, KafkaException) as exc:
+            # Never queued, and nothing after it is produced; those queued may still go out.
+            reports[i] = Report(NOT_QUEUED, detail=f"produce() refused it: {exc or type(exc).__name__}")
+            reports[i + 1:] = [Report(NOT_SENT) for _ in mops[i + 1:]]
+            break
+    producer.flush(timeout)
+    return reports
+
+
 def send_completion(mops: list[Op], reports: "list[Report | None]", retries: int) -> Op:
     """A send's completion from what the client learned of each message (`reports`, one per mop;
     None: no delivery report came). Every mop keeps its outcome: an acknowledged one its `offset`
@@ -253,6 +276,10 @@ class QueueGenerator:
     assigned: bool = False
     txn: bool = False  # each operation after the assign a transaction of 1-4 sends and polls
     subscribe: bool = False  # group membership (subscribe, and the odd crash) instead of assign
+    # An application that retries: after a send whose outcome it never learned (info, the process
+    # ended), the successor's first send is of the values not acknowledged, again (`resend`).
+    resend: bool = False
+    unsent: tuple = ()  # the values to send again
 
     TXN_MOPS = 4
     # Under subscribe: the share of operations that end the process, its consumer leaving the group
@@ -261,9 +288,9 @@ class QueueGenerator:
 
     @classmethod
     def start(cls, seed: int, worker: int, concurrency: int, keys: list[str], max_sends: int,
-              rate: float, txn: bool = False, subscribe: bool = False) -> "QueueGenerator":
+              rate: float, txn: bool = False, subscribe: bool = False, resend: bool = False) -> "QueueGenerator":
         return cls(worker, concurrency, tuple(keys), max_sends, rate, rng_state(f"{seed}/{worker}"), txn=txn,
-                   subscribe=subscribe)
+                   subscribe=subscribe, resend=resend)
 
     def _send_mop(self, rng: random.Random, sent: int) -> Op:
         # A value is unique in the whole run: n * concurrency + worker.
@@ -281,9 +308,11 @@ class QueueGenerator:
         if thread is None:
             return PENDING
         rng = resume(self.state)
-        sent, assigned = self.sent, True
+        sent, assigned, unsent = self.sent, True, self.unsent
         if not self.assigned:
             op = self._assign_op(rng)
+        elif unsent:
+            op, unsent = {"f": "send", "mops": [dict(m) for m in unsent]}, ()
         elif self.subscribe and rng.random() < self.CRASH_P:
             op = {"f": "crash"}
         else:
@@ -310,12 +339,16 @@ class QueueGenerator:
                 op = self._assign_op(rng)
         delay = rng.uniform(0, 2 * self.concurrency / self.rate)
         op = fill({**op, "at": ctx.since(thread) + delay}, ctx, thread)
-        return op, dataclasses.replace(self, state=rng.getstate(), sent=sent, assigned=assigned)
+        return op, dataclasses.replace(self, state=rng.getstate(), sent=sent, assigned=assigned, unsent=unsent)
 
     def update(self, ctx, event):
         if event["type"] == "info":
             # The worker's client is reopened: it owns no keys until it assigns again.
-            return dataclasses.replace(self, assigned=False)
+            unsent = self.unsent
+            if self.resend and event["f"] == "send":
+                unsent += tuple({"f": "send", "key": m["key"], "value": m["value"]}
+                                for m in event.get("mops") or [] if m.get("offset") is None)
+            return dataclasses.replace(self, assigned=False, unsent=unsent)
         return self
 
 
@@ -511,26 +544,7 @@ class QueueClient:
         raise ValueError(f"the queue client cannot perform {f!r}")
 
     def _send(self, op: Op) -> Op:
-        mops = op["mops"]
-        reports: list[Report | None] = [None] * len(mops)
-
-        def report(i: int):
-            def delivered(err, msg):
-                reports[i] = Report.delivered(err, None if err else msg.offset())
-            return delivered
-
-        for i, mop in enumerate(mops):
-            topic, partition = parse_key(mop["key"])
-            try:
-                self.producer.produce(topic, str(mop["value"]).encode(), partition=partition, on_delivery=report(i))
-            except (BufferError, KafkaException) as exc:
-                # Never queued, and nothing after it is produced; those queued may still go out.
-                reports[i] = Report(NOT_QUEUED, detail=f"produce() refused it: {exc or type(exc).__name__}")
-                reports[i + 1:] = [Report(NOT_SENT) for _ in mops[i + 1:]]
-                break
-        # What is still queued after the wait gets no report here: None, indeterminate.
-        self.producer.flush(self.send_timeout)
-        return send_completion(mops, reports, self.retries)
+        return send_completion(op["mops"], produce_all(self.producer, op["mops"], self.send_timeout), self.retries)
 
     def _poll(self, op: Op) -> Op:
         if not self.assignment and not self.subscribed:

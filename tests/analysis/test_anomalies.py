@@ -181,13 +181,51 @@ def duplicate(s):
     k, p, c = s.key(), s.process(), s.process()
     send = s.send(p, [(k, 1, 0), (k, 2, 1)])
     poll = s.poll(c, [(k, 0, 1), (k, 1, 2), (k, 2, 1)])
-    return {"send": send, "poll": poll}
+    return {"send": send, "poll": poll, "p": p}
 
 
 def test_duplicate(found):
     f, ix = found("duplicate")
     assert set(f) == {"duplicate"}
-    assert f["duplicate"] == [{"key": "duplicate-t/0", "value": 1, "offsets": [0, 2], "ops": [ix["send"], ix["poll"]]}]
+    assert f["duplicate"] == [{"key": "duplicate-t/0", "value": 1, "offsets": [0, 2], "ops": [ix["send"], ix["poll"]],
+                               "sends": [{"op": ix["send"], "process": ix["p"], "type": "ok"}]}]
+
+
+@scenario
+def resent_by_a_new_session(s):
+    # An application's retry: a send whose outcome its producer never learned (info, the process
+    # ended), sent again by the process's successor, a new producer: written by both.
+    k, p, q, c = s.key(), s.process(), s.process(), s.process()
+    first = s.send(p, [(k, 1, None)], "info")
+    again = s.send(q, [(k, 1, 1)])
+    poll = s.poll(c, [(k, 0, 1), (k, 1, 1)])
+    return {"first": first, "again": again, "poll": poll, "p": p, "q": q}
+
+
+def test_a_value_sent_again_by_a_new_session_is_a_resent_duplicate_naming_both_sessions(found):
+    f, ix = found("resent_by_a_new_session")
+    assert set(f) == {"resent-duplicate"}
+    [w] = f["resent-duplicate"]
+    assert w["offsets"] == [0, 1] and w["ops"] == [ix["poll"], ix["again"]]
+    assert w["sends"] == [{"op": ix["first"], "process": ix["p"], "type": "info"},
+                          {"op": ix["again"], "process": ix["q"], "type": "ok"}]
+
+
+@scenario
+def resent_and_written_twice_by_one_session(s):
+    # Two sessions sent the value, but it stands at three offsets: one of them wrote it twice.
+    k, p, q, c = s.key(), s.process(), s.process(), s.process()
+    first = s.send(p, [(k, 1, None)], "info")
+    again = s.send(q, [(k, 1, 2)])
+    s.poll(c, [(k, 0, 1), (k, 1, 1), (k, 2, 1)])
+    return {"first": first, "again": again}
+
+
+def test_a_value_at_more_offsets_than_the_sessions_that_sent_it_is_a_duplicate(found):
+    f, ix = found("resent_and_written_twice_by_one_session")
+    assert set(f) == {"duplicate"}
+    [w] = f["duplicate"]
+    assert w["offsets"] == [0, 1, 2] and [s["op"] for s in w["sends"]] == [ix["first"], ix["again"]]
 
 
 @scenario
@@ -196,14 +234,15 @@ def duplicate_from_failed_poll(s):
     send = s.send(p, [(k, 1, 0)])
     s.poll(c, [(k, 0, 1)])
     failed = s.poll(d, [(k, 4, 1)], "fail")
-    return {"send": send, "failed": failed}
+    return {"send": send, "failed": failed, "p": p}
 
 
 def test_records_of_a_failed_poll_are_evidence_of_the_log(found):
     f, ix = found("duplicate_from_failed_poll")
     assert set(f) == {"duplicate"}
     assert f["duplicate"] == [{"key": "duplicate_from_failed_poll-t/0", "value": 1, "offsets": [0, 4],
-                               "ops": [ix["send"], ix["failed"]]}]
+                               "ops": [ix["send"], ix["failed"]], "sends": [{"op": ix["send"], "process": ix["p"],
+                                                                           "type": "ok"}]}]
 
 
 @scenario

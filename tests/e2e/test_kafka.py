@@ -325,3 +325,33 @@ def test_an_auto_committing_group_loses_or_repeats_what_killed_members_did(tmp_p
     assert sum(found.values()) > 0, results["counts"]
     spec = json.loads((run_dir / "test.json").read_text())
     assert spec["consumer"]["enable.auto.commit"] == "true"
+
+
+# Idempotence holds within a producer session: with it off, the first session's own retries write a
+# value the application then sends again a second time (more offsets than sessions: duplicate).
+@pytest.mark.parametrize("idempotence", ["true", "false"])
+def test_an_idempotent_producer_repeats_only_what_the_application_sent_again_from_a_new_session(tmp_path,
+                                                                                              idempotence):
+    # Sends time out under partitions (and die with their SIGKILLed producers); the application
+    # sends what it never learned the fate of again, from its next process: a new producer session.
+    proc, run_dir, results = run_kafka(
+        tmp_path / "store", "--workload", "resend", "--nodes", "3", "--broker-set", "min.insync.replicas=2",
+        "--producer", f"enable.idempotence={idempotence}", "--nemesis", "partition,kill-producer",
+        "--nemesis-interval", "4", "--time-limit", "40", "--rate", "60", "--seed", "2")
+    print(f"resend, enable.idempotence={idempotence}: counts {results['counts']}")
+    # Neither is a bad duplicate: the idempotent run's model is exactly-once, the other's at-least-once.
+    assert proc.returncode == 0 and results["valid"] is True, proc.stdout + proc.stderr
+    assert [op for op in faults(run_dir) if op["f"] == "kill-producer" and op["value"].get("processes")]
+    resent, twice = witnesses(run_dir, "resent-duplicate"), witnesses(run_dir, "duplicate")
+    for w in resent:
+        sessions = {s["process"] for s in w["sends"]}
+        # Sent again after a send whose fate was unknown; each offset another session's one write.
+        assert 2 <= len(w["offsets"]) <= len(sessions) and w["sends"][0]["type"] == "info", w
+    for w in twice:
+        assert len(w["offsets"]) > len({s["process"] for s in w["sends"]}), w  # a session wrote it twice
+    if idempotence == "true":
+        assert resent and not twice, results["counts"]
+    else:
+        assert twice, results["counts"]
+    assert everything_left() == NOTHING and not subprocess.run(
+        ["pgrep", "-f", "faultline.workloads.producer_child"], capture_output=True).stdout
