@@ -128,6 +128,8 @@ class TestSpec:
     kafka_features: dict[str, str] = field(default_factory=dict)
     store: str = "store"
     spark_master: str = "local[2]"
+    # The check's engine: Spark (local[2] or spark_master), or the same analysis in plain Python.
+    engine: str = "spark"
     model: str | None = None
 
     def __post_init__(self) -> None:
@@ -139,6 +141,7 @@ class TestSpec:
                 raise SpecError(message)
 
         need(self.nodes >= 1, f"nodes={self.nodes}: a test needs at least 1 node")
+        need(self.engine in ("spark", "python"), f"engine={self.engine!r}: the check runs on spark or python")
         need(self.time_limit > 0, f"time-limit={self.time_limit}: give a positive number of seconds")
         need(self.final_time_limit > 0, f"final-time-limit={self.final_time_limit}: give a positive number")
         need(self.rate > 0, f"rate={self.rate}: give a positive number of operations per second")

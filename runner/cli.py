@@ -72,7 +72,8 @@ def _spec_from_args(args: argparse.Namespace):
     consumer.update(parse_settings(args.consumer, "--consumer"))
     broker.update(parse_settings(args.broker_set, "--broker-set"))
     for name in ("name", "nodes", "zookeeper_nodes", "time_limit", "final_time_limit", "rate", "concurrency", "seed", "topics",
-                 "partitions", "replication_factor", "nemesis_interval", "store", "spark_master", "model"):
+                 "partitions", "replication_factor", "nemesis_interval", "store", "spark_master", "engine",
+                 "model"):
         value = getattr(args, name)
         if value is not None:
             fields[name] = value
@@ -261,6 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "n2=-30; the clock nemeses return it there when they heal (repeatable)")
     run.add_argument("--store", metavar="DIR", help="store folder (default ./store)")
     run.add_argument("--spark-master", metavar="URL", help="Spark master for the check (default local[2])")
+    run.add_argument("--engine", choices=("spark", "python"),
+                     help="the check's engine: spark (default) or python, the same analysis with no JVM to start "
+                          "(the whole history in memory: for short runs)")
     run.add_argument("--model", help="guarantee model to judge by (default: from the producer, consumer and broker "
                      "settings and the nemesis; see faultline check --explain-model)")
     run.add_argument("--no-progress", action="store_true", help="no progress line")

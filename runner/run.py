@@ -125,8 +125,9 @@ def run_test(spec: TestSpec, show_progress: bool = True) -> tuple[int, Path]:
             librdkafka.removeHandler(client_log)
             client_log.close()
 
-    print(f"checking {run_dir / 'history.jsonl'} with Spark ({spec.spark_master})")
-    checked = check_with_progress([run_dir], spec.spark_master, spec.model, show_progress)[0]
+    how = f"Spark ({spec.spark_master})" if spec.engine == "spark" else "the plain-Python engine"
+    print(f"checking {run_dir / 'history.jsonl'} with {how}")
+    checked = check_with_progress([run_dir], spec.spark_master, spec.model, show_progress, spec.engine)[0]
     print(summary(checked.results, str(run_dir)))
     if interrupted:
         print(f"note: the run was interrupted ({interrupted}); the verdict covers what was recorded")

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces ne
 
 def run_with_leader_kills(store, seed: int, *extra: str) -> tuple[dict, list[dict], str]:
     proc = faultline("run", "--nodes", "3", "--replication-factor", "3", "--time-limit", "30",
-                     "--rate", "3000", "--concurrency", "16", "--seed", str(seed),
+                     "--rate", "3000", "--concurrency", "16", "--seed", str(seed), "--engine", "python",
                      "--nemesis", "kill-leader", "--nemesis-interval", "2.5",
                      "--store", str(store), "--no-progress", *extra, timeout=600)
     run_dir = (store / "latest").resolve()
@@ -107,7 +107,8 @@ def run_with_a_power_loss(store, *extra: str) -> tuple[dict, list[dict], dict]:
     # at about 21 s; the next fault would fall after the 30 s, so the cluster takes writes for
     # the last ~8 s and the final reads find a log to judge the earlier reads against.
     proc = faultline("run", "--nodes", "3", "--replication-factor", "3", "--time-limit", "30",
-                     "--rate", "300", "--concurrency", "6", "--seed", "18", "--nemesis", "power-loss-all",
+                     "--rate", "300", "--concurrency", "6", "--seed", "18", "--engine", "python",
+                     "--nemesis", "power-loss-all",
                      "--nemesis-interval", "9", "--broker-set", "min.insync.replicas=2", "--store", str(store),
                      "--no-progress", *extra, timeout=600)
     run_dir = (store / "latest").resolve()
@@ -188,7 +189,7 @@ def run_stale_election(store, unclean: bool) -> tuple[int, dict, list[dict], str
     # A follower is killed until it leaves the ISR (lag limit 3 s) while writes go on; then the
     # in-sync replicas are killed and the stale one is started first.
     proc = faultline("run", "--nodes", "3", "--time-limit", "25", "--rate", "200", "--seed", "1",
-                     "--nemesis", "stale-election", "--nemesis-interval", "8",
+                     "--engine", "python", "--nemesis", "stale-election", "--nemesis-interval", "8",
                      "--broker-set", f"unclean.leader.election.enable={str(unclean).lower()}",
                      "--broker-set", "replica.lag.time.max.ms=3000", "--store", str(store), "--no-progress",
                      timeout=600)

@@ -82,7 +82,7 @@ def test_a_broker_started_under_a_clock_offset_and_strobed_stamps_the_skewed_tim
     store = tmp_path / "store"
     # Seed 3's schedule strobes first (5 s of flips), then steps the clock and heals it.
     proc = faultline("run", "--time-limit", "12", "--rate", "50", "--concurrency", "2", "--seed", "3",
-                     "--clock-offset", "n1=7200", "--nemesis", "clock", "--nemesis-interval", "3",
+                     "--engine", "python", "--clock-offset", "n1=7200", "--nemesis", "clock", "--nemesis-interval", "3",
                      "--store", str(store), "--no-progress")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run_dir = (store / "latest").resolve()
@@ -109,7 +109,7 @@ def test_each_kill_ends_the_broker_and_the_restarted_one_serves_again(tmp_path):
     # best-effort producer is judged by the best-effort model.
     store = tmp_path / "store"
     proc = faultline("run", "--time-limit", "20", "--rate", "300", "--concurrency", "4", "--seed", "3",
-                     "--producer", "acks=0", "--producer", "enable.idempotence=false",
+                     "--engine", "python", "--producer", "acks=0", "--producer", "enable.idempotence=false",
                      "--nemesis", "kill", "--nemesis-interval", "3", "--store", str(store), "--no-progress")
     run_dir = (store / "latest").resolve()
     results = json.loads((run_dir / "results.json").read_text())
@@ -165,7 +165,7 @@ def test_the_same_seed_gives_the_same_schedule_and_invocations(tmp_path):
     # common prefix of each stream, and a worker's stream is compared up to its first `info`.
     def streams(store):
         proc = faultline("run", "--time-limit", "12", "--rate", "60", "--concurrency", "3", "--seed", "7",
-                         "--nemesis", "kill", "--nemesis-interval", "3", "--store", str(store), "--no-progress")
+                         "--engine", "python", "--nemesis", "kill", "--nemesis-interval", "3", "--store", str(store), "--no-progress")
         # One broker, acks=all: a SIGKILL loses nothing the OS had (no power loss): valid.
         assert proc.returncode == 0, proc.stdout + proc.stderr
         history = read_history((store / "latest").resolve() / "history.jsonl").ops
