@@ -111,3 +111,32 @@ def test_final_reads_name_the_keys_whose_end_the_broker_cannot_say_and_start_fre
             "type": "ok", "final_reads": record}
     finally:
         client.close()
+
+
+def test_a_resend_client_sends_through_a_producer_process_of_its_own_that_a_kill_ends(broker, tmp_path):
+    from faultline.nemesis.clients import KillClientNemesis
+    from faultline.workloads.resend import ResendClient
+
+    fill(broker.bootstrap, 1)
+    client = ResendClient(broker.bootstrap, {"acks": "all", "enable.idempotence": "true", "message.timeout.ms": "3000"},
+                          dict(DEFAULT_CONSUMER), "r", process=4, clients_dir=tmp_path)
+    client.open()
+    pid_file = tmp_path / "producer-4.pid"
+    try:
+        mops = [{"f": "send", "key": KEY, "value": v} for v in (10, 11)]
+        assert client.invoke({"f": "send", "mops": mops}) == {
+            "type": "ok", "mops": [{**mops[0], "offset": 1}, {**mops[1], "offset": 2}]}
+        pid = int(pid_file.read_text())
+        assert pid == client.session.proc.pid != os.getpid()
+        assert KillClientNemesis("producer", tmp_path).invoke({"f": "kill-producer", "seed": 0}) == {
+            "processes": [4], "pids": {"4": pid}, "signal": "SIGKILL"}
+        assert client.session.proc.wait(10) == -signal.SIGKILL
+        done = client.invoke({"f": "send", "mops": [{"f": "send", "key": KEY, "value": 12}]})
+        assert done["type"] == "info" and done["mops"] == [{"f": "send", "key": KEY, "value": 12, "offset": None}]
+        assert "dead (killed) before this send" in done["error"]
+        # The consumer stays in the harness: it reads what the killed session wrote.
+        client.invoke({"f": "assign", "keys": [KEY], "seek_to_beginning": True})
+        assert poll_offsets(client, 3) == [0, 1, 2]
+    finally:
+        client.close()
+    assert not pid_file.exists()

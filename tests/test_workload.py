@@ -263,3 +263,29 @@ def test_a_group_s_final_reader_asks_its_committed_offsets_once_before_it_reads(
     gen = done(gen, ctx, op, offsets={"t/0": 3})
     op, gen = gen.op(ctx)
     assert op["f"] == "assign" and op["seek_to_beginning"] is True
+
+
+@given(seed=st.integers(0, 2**31 - 1), acked=st.integers(0, 3))
+@settings(max_examples=30, deadline=None)
+def test_a_resending_worker_sends_what_an_info_send_left_unacknowledged_first_in_its_next_process(seed, acked):
+    gen = QueueGenerator.start(seed, 1, 3, KEYS, 3, rate=100, resend=True)
+    ctx = one_thread(1)
+    op, gen = gen.op(ctx)
+    assert op["f"] == "assign"
+    gen = done(gen, ctx, op)
+    op, gen = gen.op(ctx)
+    mops = [{"f": "send", "key": k, "value": v} for k, v in [("t/0", 1001), ("t/1", 1004), ("t/0", 1007)]]
+    # The broker acknowledged the first `acked` values before the producer died with the rest.
+    gen = done(gen, ctx, {**op, "f": "send", "mops": mops}, "info",
+               mops=[{**m, "offset": i if i < acked else None} for i, m in enumerate(mops)])
+    ctx = one_thread(1, process=4)
+    op, gen = gen.op(ctx)
+    assert op["f"] == "assign" and op["process"] == 4
+    gen = done(gen, ctx, op)
+    op, gen = gen.op(ctx)
+    if acked < 3:
+        assert (op["f"], op["mops"]) == ("send", mops[acked:])
+        gen = done(gen, ctx, op, mops=[{**m, "offset": 9} for m in op["mops"]])
+        op, gen = gen.op(ctx)
+    # Then on as before: new values only.
+    assert op["f"] != "send" or all(m["value"] < 1000 for m in op["mops"])
