@@ -1,9 +1,11 @@
 """A client of the harness in a process of its own, so that a nemesis can SIGKILL it as it would an
 application's: no close, no flush, no leave.
 
-Child side: `become_child(pid_file)` makes the process die with its parent (PR_SET_PDEATHSIG: a
-harness killed with SIGKILL leaves no client behind) and writes its pid to `pid_file` once it runs
-(the client nemeses find it there). Parent side: `Child` starts `python -m <module>`, hands it its
+Child side: `serve(start, handle)` reads the setup, makes the process die with its parent
+(PR_SET_PDEATHSIG: a harness killed with SIGKILL leaves no client behind), writes its pid to
+`pid_file` once it runs (the client nemeses find it there), builds the client (`start(setup)`) and
+answers each command with `handle(client, command)`: `{"error": text}` for a Kafka error, and
+after `close` it ends. Parent side: `Child` starts `python -m <module>`, hands it its
 setup (the first line on its stdin), and asks it commands, one JSON object a line each way;
 `ChildGone` says the process is dead or did not answer in time.
 """
@@ -18,6 +20,9 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, Callable
+
+from confluent_kafka import KafkaException
 
 PR_SET_PDEATHSIG = 1
 
@@ -38,6 +43,22 @@ def become_child(pid_file: str | None) -> None:
         with open(tmp, "w") as f:
             f.write(str(os.getpid()))
         os.replace(tmp, pid_file)
+
+
+def serve(start: Callable[[dict], Any], handle: Callable[[Any, dict], dict]) -> None:
+    setup = json.loads(sys.stdin.readline())
+    become_child(setup.get("pid_file"))
+    client = start(setup)
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        try:
+            answer = handle(client, cmd)
+        except (KafkaException, RuntimeError) as exc:
+            answer = {"error": str(exc)}
+        sys.stdout.write(json.dumps(answer) + "\n")
+        sys.stdout.flush()
+        if cmd["f"] == "close":
+            return
 
 
 class Child:

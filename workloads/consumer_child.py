@@ -15,13 +15,11 @@ Run as `python -m faultline.workloads.consumer_child`; `workloads.consume` start
 
 from __future__ import annotations
 
-import json
-import sys
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
-
-from .child import become_child
+from .child import serve
 from .queue import rebalance_entry, record_of
+
 
 def _key(topic: str, partition: int) -> str:
     return f"{topic}/{partition}"
@@ -32,61 +30,48 @@ def _tp(key: str, offset: int | None = None) -> TopicPartition:
     return TopicPartition(topic, int(partition)) if offset is None else TopicPartition(topic, int(partition), offset)
 
 
-def main() -> None:
-    out = sys.stdout
-    setup = json.loads(sys.stdin.readline())
-    become_child(setup.get("pid_file"))
-    consumer = Consumer(setup["config"])
-    rebalances: list[dict] = []
+class Member:
+    """The group member: its consumer, and the rebalances its callbacks saw since the last poll."""
 
-    def logged(kind: str):
+    def __init__(self, setup: dict):
+        self.consumer = Consumer(setup["config"])
+        self.rebalances: list[dict] = []
+
+    def logged(self, kind: str):
         def callback(_consumer, partitions):
-            rebalances.append(rebalance_entry(kind, partitions))
+            self.rebalances.append(rebalance_entry(kind, partitions))
         return callback
 
-    def answer(obj: dict) -> None:
-        out.write(json.dumps(obj) + "\n")
-        out.flush()
 
-    for line in sys.stdin:
-        cmd = json.loads(line)
-        f = cmd["f"]
-        try:
-            if f == "subscribe":
-                consumer.subscribe(cmd["topics"], on_assign=logged("assigned"), on_revoke=logged("revoked"),
-                                   on_lost=logged("lost"))
-                answer({})
-            elif f == "poll":
-                records, error = [], None
-                for m in consumer.consume(cmd["max"], cmd["timeout"]):
-                    if m.error() is not None:
-                        if m.error().code() != KafkaError._PARTITION_EOF:
-                            error = m.error().str()
-                        continue
-                    records.append(record_of(m))
-                done = {"records": records, "rebalances": rebalances[:]}
-                rebalances.clear()
-                if error:
-                    done["error"] = error
-                answer(done)
-            elif f == "commit":
-                consumer.commit(offsets=[_tp(k, o) for k, o in sorted(cmd["offsets"].items())], asynchronous=False)
-                answer({})
-            elif f == "committed":
-                parts = consumer.committed([_tp(k) for k in cmd["keys"]], timeout=cmd["timeout"])
-                answer({"offsets": {_key(p.topic, p.partition): p.offset for p in parts
-                                    if p.offset is not None and p.offset >= 0}})
-            elif f == "ping":
-                answer({})
-            elif f == "close":
-                consumer.close()
-                answer({})
-                return
-            else:
-                answer({"error": f"unknown command {f!r}"})
-        except (KafkaException, RuntimeError) as exc:
-            answer({"error": str(exc)})
+def handle(member: Member, cmd: dict) -> dict:
+    consumer, f = member.consumer, cmd["f"]
+    if f == "subscribe":
+        consumer.subscribe(cmd["topics"], on_assign=member.logged("assigned"), on_revoke=member.logged("revoked"),
+                           on_lost=member.logged("lost"))
+        return {}
+    if f == "poll":
+        records, error = [], None
+        for m in consumer.consume(cmd["max"], cmd["timeout"]):
+            if m.error() is not None:
+                if m.error().code() != KafkaError._PARTITION_EOF:
+                    error = m.error().str()
+                continue
+            records.append(record_of(m))
+        done = {"records": records, "rebalances": member.rebalances[:]}
+        member.rebalances.clear()
+        return {**done, "error": error} if error else done
+    if f == "commit":
+        consumer.commit(offsets=[_tp(k, o) for k, o in sorted(cmd["offsets"].items())], asynchronous=False)
+        return {}
+    if f == "committed":
+        parts = consumer.committed([_tp(k) for k in cmd["keys"]], timeout=cmd["timeout"])
+        return {"offsets": {_key(p.topic, p.partition): p.offset for p in parts
+                            if p.offset is not None and p.offset >= 0}}
+    if f == "close":
+        consumer.close()
+        return {}
+    return {} if f == "ping" else {"error": f"unknown command {f!r}"}
 
 
 if __name__ == "__main__":
-    main()
+    serve(Member, handle)

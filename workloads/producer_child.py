@@ -14,43 +14,25 @@ Run as `python -m faultline.workloads.producer_child`; `workloads.resend` starts
 
 from __future__ import annotations
 
-import json
-import sys
-
 from confluent_kafka import Producer
 
-from .child import become_child
+from .child import serve
 from .queue import produce_all
 
 
-def main() -> None:
-    out = sys.stdout
-    setup = json.loads(sys.stdin.readline())
-    become_child(setup.get("pid_file"))
-    producer = Producer(setup["config"])
-
-    def answer(obj: dict) -> None:
-        out.write(json.dumps(obj) + "\n")
-        out.flush()
-
-    for line in sys.stdin:
-        cmd = json.loads(line)
-        f = cmd["f"]
-        if f == "send":
-            reports = produce_all(producer, cmd["mops"], cmd["timeout"])
-            answer({"reports": [None if r is None else {"row": r.row, "offset": r.offset, "detail": r.detail}
-                                for r in reports]})
-        elif f == "ping":
-            answer({})
-        elif f == "close":
-            # Whatever is still queued or in flight goes with the process, as with a kill.
-            producer.purge()
-            producer.flush(0)
-            answer({})
-            return
-        else:
-            answer({"error": f"unknown command {f!r}"})
+def handle(producer: Producer, cmd: dict) -> dict:
+    f = cmd["f"]
+    if f == "send":
+        reports = produce_all(producer, cmd["mops"], cmd["timeout"])
+        return {"reports": [None if r is None else {"row": r.row, "offset": r.offset, "detail": r.detail}
+                            for r in reports]}
+    if f == "close":
+        # Whatever is still queued or in flight goes with the process, as with a kill.
+        producer.purge()
+        producer.flush(0)
+        return {}
+    return {} if f == "ping" else {"error": f"unknown command {f!r}"}
 
 
 if __name__ == "__main__":
-    main()
+    serve(lambda setup: Producer(setup["config"]), handle)
