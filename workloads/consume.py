@@ -13,9 +13,8 @@ application. What the member polled waits to be processed; `process` hands it ov
 (`offsets`); committing before processing, what could not be committed is not processed. A member
 found dead before an operation began did nothing (`info` with no records or offsets); one that
 dies during it may have done it (`info`, with what it was doing); either way its process ends and
-its successor starts a new member in the same
-group. The final reads run on an in-harness consumer (assign, no membership) after asking the
-group's committed offsets (`committed`).
+its successor starts a new member in the same group. The final reads run on an in-harness
+consumer (assign, no membership) after asking the group's committed offsets (`committed`).
 """
 
 from __future__ import annotations
