@@ -488,8 +488,9 @@ class Scenario:
             return
         held = set(c.keys)
         # An expelled member learns that it lost its keys, and joins the group again.
-        lost = g.expelled.pop(c.process, set()) & held
-        if lost:
+        expelled = g.expelled.pop(c.process, None)
+        lost = (expelled or set()) & held
+        if expelled is not None:
             g.join(c.process)
         target = set(g.assignments[-1].get(c.process, frozenset()))
         revoked = (held - target) - lost
