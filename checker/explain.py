@@ -30,7 +30,9 @@ def _duplicate(w):
     if len(sends) > 1:
         how = (f"sent {len(sends)} times, by processes {', '.join(map(str, processes))} (op "
                f"{', '.join(str(s['op']) for s in sends)}): the application sent it again"
-               + (" from another producer session" if len(processes) > 1 else ""))
+               + (" from another producer session" if len(processes) > 1 else "")
+               + ("; more offsets than sessions, so one of them wrote it twice"
+                  if len(offsets) > len(processes) else ""))
     elif sends:
         how = (f"one send (op {sends[0]['op']}, process {sends[0]['process']}), several positions in the log: "
                "the producer wrote it twice in one session")

@@ -78,6 +78,20 @@ def test_the_reused_offset_explanation_names_both_values_and_operations():
                     "the acknowledged write was lost and its offset reused")
 
 
+def test_a_duplicate_explanation_says_which_sessions_sent_the_value():
+    w = {"key": "t/0", "value": 87, "offsets": [31, 34], "ops": [222, 212]}
+    one = [{"op": 194, "process": 3, "type": "ok"}]
+    two = [{"op": 194, "process": 3, "type": "info"}, {"op": 212, "process": 7, "type": "ok"}]
+    assert explain.explain("duplicate", {**w, "sends": one}) == (
+        "value 87 of t/0 was read at offsets 31, 34 (op 222, op 212): one send (op 194, process 3), several "
+        "positions in the log: the producer wrote it twice in one session")
+    assert explain.explain("resent-duplicate", {**w, "sends": two}) == (
+        "value 87 of t/0 was read at offsets 31, 34 (op 222, op 212): sent 2 times, by processes 3, 7 (op 194, "
+        "212): the application sent it again from another producer session")
+    assert explain.explain("duplicate", {**w, "offsets": [31, 34, 40], "ops": [222, 212, 230], "sends": two}).endswith(
+        "from another producer session; more offsets than sessions, so one of them wrote it twice")
+
+
 # --- a type nobody registered --------------------------------------------------------
 
 models = st.sampled_from([*BASE_NAMES.values(), "exactly-once+write-isolation"]).map(model_named)
