@@ -62,6 +62,15 @@ def get_session(master: str = "local[2]", shuffle_partitions: int = 4, app_name:
         .appName(app_name)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
+        # Without the web UI the status store still keeps every job, stage and SQL execution, the
+        # last with its plans: a session that checks many histories (the tests, `faultline check`
+        # of many paths) filled a 4 GB heap with them and spent its time in garbage collection.
+        # The progress line needs only the active stages.
+        .config("spark.sql.ui.retainedExecutions", "5")
+        .config("spark.ui.retainedJobs", "20")
+        .config("spark.ui.retainedStages", "20")
+        .config("spark.ui.retainedTasks", "1000")
+        .config("spark.ui.dagGraph.retainedRootRDDs", "20")
         .config("spark.driver.memory", memory)
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.sql.session.timeZone", "UTC")
