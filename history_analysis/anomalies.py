@@ -151,6 +151,7 @@ Offsets are compared without arithmetic that could overflow at the ends of
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 from functools import reduce
@@ -722,8 +723,15 @@ def _dependencies(facts: DataFrame) -> tuple[DataFrame, DataFrame]:
 def analyse(spark: SparkSession, path: str | os.PathLike, limit: int = 32, full_dir: str | os.PathLike | None = None
             ) -> Analysis:
     """Find the anomalies of the history at `path`; see the module docstring."""
-    with sized_for(spark, file_size(str(path))):
-        return _analyse(spark, str(path), limit, full_dir)
+    try:
+        with sized_for(spark, file_size(str(path))):
+            return _analyse(spark, str(path), limit, full_dir)
+    finally:
+        # The analysis's DataFrames sit in reference cycles, each holding its query plans in the JVM
+        # until Python's cycle collector frees the proxy; left to run when it will, they filled a
+        # 4 GB driver heap over a few hundred analyses in one session (the tests), which then spent
+        # its time in garbage collection.
+        gc.collect()
 
 
 def _analyse(spark: SparkSession, path: str, limit: int, full_dir: str | os.PathLike | None) -> Analysis:
