@@ -24,8 +24,7 @@ def handle(producer: Producer, cmd: dict) -> dict:
     f = cmd["f"]
     if f == "send":
         reports = produce_all(producer, cmd["mops"], cmd["timeout"])
-        return {"reports": [None if r is None else {"row": r.row, "offset": r.offset, "detail": r.detail}
-                            for r in reports]}
+        return {"reports": [None if r is None else r.to_json() for r in reports]}
     if f == "close":
         # Whatever is still queued or in flight goes with the process, as with a kill.
         producer.purge()

@@ -168,6 +168,13 @@ class Report:
     offset: int | None = None
     detail: str = ""
 
+    def to_json(self) -> dict:
+        return {"row": self.row, "offset": self.offset, "detail": self.detail}
+
+    @classmethod
+    def from_json(cls, r: dict) -> "Report":
+        return cls(r["row"], r.get("offset"), r.get("detail") or "")
+
     @classmethod
     def delivered(cls, err: KafkaError | None, offset: int | None) -> "Report":
         if err is None:
@@ -494,8 +501,7 @@ class QueueClient:
                                                                                2147483647)))
 
     def open(self) -> None:
-        self.producer = Producer({"bootstrap.servers": self.bootstrap, **self.producer_settings},
-                                 logger=LIBRDKAFKA_LOG)
+        self.producer = self._open_producer()
         # enable.partition.eof: the consumer says where it found a partition's end, which is past
         # transaction markers that it never returns (the final reads need to know).
         self.consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": self.group_id,
@@ -504,6 +510,9 @@ class QueueClient:
         self.positions = {}
         self.subscribed = False
         self.rebalances: list[dict] = []  # since the last poll: {"type": ..., "keys": [...]}
+
+    def _open_producer(self) -> Producer | None:
+        return Producer({"bootstrap.servers": self.bootstrap, **self.producer_settings}, logger=LIBRDKAFKA_LOG)
 
     def close(self) -> None:
         if self.consumer is not None:

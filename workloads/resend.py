@@ -30,8 +30,8 @@ class ResendClient(QueueClient):
         self.session = Child("faultline.workloads.producer_child",
                              None if clients_dir is None else Path(clients_dir) / f"producer-{process}.pid")
 
-    def open(self) -> None:
-        super().open()
+    def _open_producer(self) -> None:
+        # The process's producer is the child's session; the harness opens none of its own.
         self.session.start({"config": {"bootstrap.servers": self.bootstrap, **self.producer_settings}})
 
     def close(self) -> None:
@@ -51,8 +51,7 @@ class ResendClient(QueueClient):
         except ChildGone as exc:
             return {"type": "info", "mops": unknown, "error": f"{exc} during the send: any of its values may have "
                                                              f"been written; its process ends"}
-        reports = [None if r is None else Report(r["row"], r.get("offset"), r.get("detail") or "")
-                   for r in answer["reports"]]
+        reports = [None if r is None else Report.from_json(r) for r in answer["reports"]]
         return send_completion(mops, reports, self.retries)
 
 
