@@ -2,15 +2,20 @@
 
 In: nothing but the machine's state: network namespaces named
 `faultline-<tag>-<node>`, veths `fl<tag>n<i>` and bridges `flb<tag>` in the
-root namespace, registry entries `<registry>/<tag>.json` (see `registry`), and
-mounts of the power-loss file system (`lazyfs`) outside the work folders of
-runs still in progress.
+root namespace, the namespace backend's rules in the host's FORWARD chain
+(comment `faultline-<tag>`, see `forward`), registry entries
+`<registry>/<tag>.json` (see `registry`), mounts of the power-loss file system
+(`lazyfs`) outside the work folders of runs still in progress, and the Docker
+backend's containers and networks (label `org.faultline.run=<tag>`) on every
+daemon a registry entry names and on the default one ($DOCKER_HOST, else
+/var/run/docker.sock) when it answers.
 Out: `Leftovers`, listing those objects (and the processes inside each
 namespace), which `cleanup()` has also removed unless `dry_run`; its
 `describe()` is what `faultline cleanup` prints.
 
 Only our own objects are touched: a name must match our pattern exactly and
-a link must also be of the kind we create (veth or bridge). Runs whose
+a link must also be of the kind we create (veth or bridge); a Docker object
+must carry our label; a FORWARD rule must carry our comment. Runs whose
 harness still runs (same pid and start time as in its registry entry) are
 left alone unless `include_live`, so cleaning up never breaks a test in
 progress.
@@ -19,13 +24,14 @@ progress.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from . import lazyfs
+from . import forward, lazyfs
 from .iproute import delete_link, delete_namespace, link_kind, list_links, list_namespaces
-from .names import BRIDGE_RE, NAMESPACE_RE, VETH_RE
+from .names import BRIDGE_RE, DEFAULT_DOCKER_HOST, LABEL_RUN, NAMESPACE_RE, TAG_RE, VETH_RE
 from .processes import kill_namespace_processes, namespace_pids, process_cmdline
 from .registry import harness_alive, read_registry, registry_path
 
@@ -52,12 +58,26 @@ class LeftoverLink:
 
 
 @dataclass
+class LeftoverDocker:
+    """A container or network of the Docker backend, on the daemon at `host`."""
+
+    kind: str  # "container" or "network"
+    name: str
+    tag: str
+    host: str
+
+
+@dataclass
 class Leftovers:
     namespaces: list[LeftoverNamespace] = field(default_factory=list)
     links: list[LeftoverLink] = field(default_factory=list)
     registry: list[Path] = field(default_factory=list)
     #: mount points of the power-loss file system
     mounts: list[str] = field(default_factory=list)
+    #: the Docker backend's containers and networks
+    docker: list[LeftoverDocker] = field(default_factory=list)
+    #: the namespace backend's FORWARD rules, as `iptables -S` prints them, by tag
+    forward_rules: dict[str, list[str]] = field(default_factory=dict)
     #: tags of runs whose harness is still running, left alone
     live_runs: list[str] = field(default_factory=list)
     #: what could not be removed, one sentence each
@@ -72,11 +92,12 @@ class Leftovers:
     @property
     def tags(self) -> list[str]:
         found = {ns.tag for ns in self.namespaces} | {link.tag for link in self.links}
-        found |= {path.stem for path in self.registry}
+        found |= {path.stem for path in self.registry} | {d.tag for d in self.docker} | set(self.forward_rules)
         return sorted(found)
 
     def __bool__(self) -> bool:
-        return bool(self.namespaces or self.links or self.registry or self.mounts)
+        return bool(self.namespaces or self.links or self.registry or self.mounts or self.docker
+                    or self.forward_rules)
 
     def describe(self) -> str:
         verb = "removed" if self.removed else "found"
@@ -87,6 +108,9 @@ class Leftovers:
             lines += [f"    {verb} process {p.pid}: {p.cmdline}" for p in ns.processes]
         lines += [f"{verb} {link.kind} {link.name} (run {link.tag})" for link in self.links]
         lines += [f"{verb} mount {mount} (power-loss file system)" for mount in self.mounts]
+        lines += [f"{verb} Docker {d.kind} {d.name} (run {d.tag}, daemon {d.host})" for d in self.docker]
+        lines += [f"{verb} FORWARD rule `{rule}` (run {tag})" for tag, rules in sorted(self.forward_rules.items())
+                  for rule in rules]
         lines += [f"{verb} registry entry {path}" for path in self.registry]
         lines += [f"left alone run {tag}: its harness is still running" for tag in self.live_runs]
         lines += [f"error: {error}" for error in self.errors]
@@ -146,7 +170,58 @@ def find_leftovers(include_live: bool = False, tags: Iterable[str] | None = None
         owner = next((tag for tag, folder in folders.items() if mount in lazyfs.mounts_under(folder)), None)
         if owner is None or ours(owner):
             found.mounts.append(mount)
+    found.forward_rules = {tag: rules for tag, rules in forward.rules().items() if ours(tag)}
+    found.docker, found.errors[:0] = _docker_leftovers(registry, ours)
     return found
+
+
+def _docker_hosts(registry: dict[str, dict]) -> tuple[list[str], set[str]]:
+    """Every daemon to look at: those registry entries name (they must answer), then the default
+    one (looked at only when it answers: a machine without Docker has nothing of ours there)."""
+    named = sorted({str((entry.get("docker") or {}).get("host")) for entry in registry.values()
+                    if (entry.get("docker") or {}).get("host")})
+    default = os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_HOST
+    hosts = named + ([default] if default not in named else [])
+    return hosts, set(named)
+
+
+def _docker_leftovers(registry: dict[str, dict], ours) -> tuple[list[LeftoverDocker], list[str]]:
+    hosts, required = _docker_hosts(registry)
+    if not required and not _default_daemon_may_exist(hosts[-1]):
+        return [], []
+    try:
+        import docker
+    except ImportError:
+        return [], ["the docker Python package is missing, so Docker leftovers cannot be looked for"]
+    found: list[LeftoverDocker] = []
+    errors: list[str] = []
+    for host in hosts:
+        try:
+            client = docker.DockerClient(base_url=host, timeout=30)
+            client.ping()
+        except docker.errors.DockerException as exc:
+            if host in required:
+                errors.append(f"the Docker daemon at {host}, which a run registered, does not answer ({exc}); "
+                              f"start it and run `faultline cleanup` again")
+            continue
+        try:
+            for c in client.api.containers(all=True, filters={"label": LABEL_RUN}):
+                tag = (c.get("Labels") or {}).get(LABEL_RUN, "")
+                if TAG_RE.match(tag) and ours(tag):
+                    found.append(LeftoverDocker("container", c["Names"][0].lstrip("/"), tag, host))
+            for n in client.api.networks(filters={"label": LABEL_RUN}):
+                tag = (n.get("Labels") or {}).get(LABEL_RUN, "")
+                if TAG_RE.match(tag) and ours(tag):
+                    found.append(LeftoverDocker("network", n["Name"], tag, host))
+        finally:
+            client.close()
+    return found, errors
+
+
+def _default_daemon_may_exist(host: str) -> bool:
+    # Importing the SDK and timing out on a socket that is not there is the common case on a
+    # machine without Docker: look for the socket first.
+    return not host.startswith("unix://") or Path(host[len("unix://"):]).exists()
 
 
 def cleanup(dry_run: bool = False, include_live: bool = False, tags: Iterable[str] | None = None) -> Leftovers:
@@ -181,6 +256,18 @@ def cleanup(dry_run: bool = False, include_live: bool = False, tags: Iterable[st
             lazyfs.unmount(mount)
         except OSError as exc:
             found.errors.append(f"mount {mount}: {exc}")
+    for tag in found.forward_rules:
+        try:
+            forward.remove(tag)
+        except Exception as exc:  # noqa: BLE001
+            found.errors.append(f"FORWARD rules of run {tag}: {exc}")
+            failed_tags.add(tag)
+    for host in sorted({d.host for d in found.docker}):
+        mine = [d for d in found.docker if d.host == host]
+        errors = _remove_docker(host, mine)
+        found.errors += errors
+        if errors:
+            failed_tags |= {d.tag for d in mine}
     for path in found.registry:
         if path.stem in failed_tags:
             continue
@@ -191,6 +278,22 @@ def cleanup(dry_run: bool = False, include_live: bool = False, tags: Iterable[st
             found.errors.append(f"registry entry {path}: {exc}")
     found.removed = True
     return found
+
+
+def _remove_docker(host: str, objects: list[LeftoverDocker]) -> list[str]:
+    import docker
+
+    from .docker_cluster import remove_objects
+
+    try:
+        client = docker.DockerClient(base_url=host, timeout=60)
+    except docker.errors.DockerException as exc:
+        return [f"the Docker daemon at {host}: {exc}"]
+    try:
+        return remove_objects(client, [d.name for d in objects if d.kind == "container"],
+                              [d.name for d in objects if d.kind == "network"])
+    finally:
+        client.close()
 
 
 def _mark_workdir_state(entry_path: Path) -> None:

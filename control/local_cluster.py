@@ -11,7 +11,10 @@ Topology: one namespace per node, each with `lo` and an `eth0` that is one
 end of a veth pair whose other end is a port of a bridge in the root
 namespace. The bridge holds the subnet's `.1`, so the harness reaches every
 node directly and the nodes reach each other across the bridge. There is no
-default route inside a node: its traffic can only go to the subnet.
+default route inside a node: its traffic can only go to the subnet. One
+rule at the top of the host's FORWARD chain accepts what the bridge passes
+between its own ports, so the nodes reach each other on a host where Docker
+set that chain's policy to DROP (see `forward`).
 
 Every name and the subnet derive from the run's tag (see `names`).
 
@@ -24,12 +27,11 @@ import contextlib
 import ipaddress
 import logging
 import os
-import subprocess
 import threading
 import time
 from pathlib import Path
 
-from . import lazyfs
+from . import forward, lazyfs
 from .iproute import delete_link, delete_namespace, ip, list_links, list_namespaces, networks_in_use
 from .names import (IFNAMSIZ, MAX_NODES, NAMESPACE_PREFIX, NODE_IFACE, NODE_RE, bridge_name, choose_subnet,
                     namespace_name, tag_for, veth_name)
@@ -49,21 +51,6 @@ def _disable_ipv6(ifname: str) -> None:
     path = Path(f"/proc/sys/net/ipv6/conf/{ifname}/disable_ipv6")
     with contextlib.suppress(OSError):
         path.write_text("1")
-
-
-def _warn_if_bridge_traffic_filtered(bridge: str) -> None:
-    # With br_netfilter on, frames between two ports of our bridge traverse the
-    # host's iptables FORWARD chain; Docker hosts set its policy to DROP, which
-    # would cut node-to-node traffic. We only warn: the host firewall is not ours.
-    try:
-        if Path("/proc/sys/net/bridge/bridge-nf-call-iptables").read_text().strip() != "1":
-            return
-        policy = subprocess.run(["iptables", "-S", "FORWARD"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return
-    if "-P FORWARD DROP" in policy:
-        log.warning("bridge-nf-call-iptables is 1 and the host's FORWARD policy is DROP: traffic between nodes "
-                    "on %s may be dropped (allow it, or `sysctl net.bridge.bridge-nf-call-iptables=0`)", bridge)
 
 
 class LocalCluster:
@@ -135,13 +122,14 @@ class LocalCluster:
         except BaseException:
             cluster._destroy_after_failure()
             raise
-        _warn_if_bridge_traffic_filtered(cluster.bridge)
         log.info("cluster %s up: %s on %s (%s)", tag, ", ".join(
             f"{n}={r.address}" for n, r in cluster.remotes.items()), cluster.bridge, cluster.subnet)
         return cluster
 
     def _create_bridge(self) -> None:
         ip("link", "add", "name", self.bridge, "type", "bridge")
+        # Before the bridge carries anything: on a host where Docker runs, its FORWARD policy would drop it.
+        forward.allow_bridge(self.tag, self.bridge)
         _disable_ipv6(self.bridge)
         ip("addr", "add", f"{self.bridge_address}/{self.subnet.prefixlen}", "dev", self.bridge)
         ip("link", "set", "dev", self.bridge, "up")
@@ -218,6 +206,10 @@ class LocalCluster:
                     delete_link(link)
                 except Exception as exc:  # noqa: BLE001
                     errors.append(f"deleting link {link}: {exc}")
+            try:
+                forward.remove(self.tag)
+            except Exception as exc:  # noqa: BLE001
+                errors.append(f"removing the FORWARD rule of {self.bridge}: {exc}")
             if errors:
                 raise RemoteError(f"destroying cluster {self.tag} left things behind "
                                   f"(`faultline cleanup` retries): " + "; ".join(errors))

@@ -28,6 +28,13 @@ NODE_IFACE = "eth0"
 MAX_NODES = 200
 IFNAMSIZ = 15
 
+# The Docker backend: container `faultline-<tag>-<node>` on network `faultline-<tag>`, both
+# labelled with the run's tag (the label is what cleanup trusts; the names are for people).
+LABEL_RUN = "org.faultline.run"
+LABEL_NODE = "org.faultline.node"
+#: the daemon the Docker backend and cleanup use when $DOCKER_HOST is not set
+DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
+
 TAG_RE = re.compile(r"^[a-z0-9]{1,8}$")
 NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
 NAMESPACE_RE = re.compile(r"^faultline-([a-z0-9]{1,8})-([A-Za-z0-9][A-Za-z0-9_.-]{0,31})$")
@@ -49,6 +56,14 @@ def tag_for(run_id: str) -> str:
 
 def namespace_name(tag: str, node: str) -> str:
     return f"{NAMESPACE_PREFIX}{tag}-{node}"
+
+
+def container_name(tag: str, node: str) -> str:
+    return f"{NAMESPACE_PREFIX}{tag}-{node}"
+
+
+def network_name(tag: str) -> str:
+    return f"{NAMESPACE_PREFIX}{tag}"
 
 
 def bridge_name(tag: str) -> str:

@@ -17,6 +17,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -41,6 +42,10 @@ class _Daemon:
 
 class NamespaceRemote(Remote):
     """A node that is a network namespace on this machine; files are shared, so upload/download are copies."""
+
+    # The node shares this machine's programs: the harness's own Python, and its java.
+    python = sys.executable
+    java = shutil.which("java") or "/usr/bin/java"
 
     def __init__(self, name: str, address: str, namespace: str, home: Path,
                  on_change: Callable[[], None] | None = None):

@@ -96,6 +96,11 @@ class Remote(ABC):
     address: str
     #: the node's working directory; relative paths on the node resolve against it
     home: Path
+    #: the Python interpreter on the node that has faultline installed (the reference broker, the
+    #: power-loss file system run on it)
+    python: str
+    #: the node's java launcher (ZooKeeper, Apache Kafka)
+    java: str
 
     @abstractmethod
     def run(self, cmd: Sequence[str], timeout: float = DEFAULT_RUN_TIMEOUT, check: bool = True,

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import shutil
 import socket
 import struct
 import uuid
@@ -173,7 +172,7 @@ class KafkaDB(ReferenceBrokerDB):
     def command(self, node: str) -> list[str]:
         assert self.home is not None, "setup() resolves the jars first"
         kafka_jars = _jars()
-        java = shutil.which("java") or "/usr/bin/java"
+        java = self.remotes[node].java
         version = self.spec.kafka_version
         config = self.home / kafka_jars.log_config_name(version)
         return [java, HEAP, "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-XX:+ExitOnOutOfMemoryError",
@@ -204,7 +203,7 @@ class KafkaDB(ReferenceBrokerDB):
         root = self.disk_dir(node) if self.power_loss else self.data_root(node)
         props = self.node_dir(node) / "format.properties"
         props.write_text(properties_text(self.settings(node, root)))
-        java = shutil.which("java") or "/usr/bin/java"
+        java = self.remotes[node].java
         config = self.home / kafka_jars.log_config_name(self.spec.kafka_version)
         cmd = [java, "-Xmx256m", kafka_jars.log_config_property(self.spec.kafka_version, config),
                f"-Dkafka.logs.dir={self.node_dir(node) / 'format-logs'}", "-cp", f"{self.home / 'lib'}/*",

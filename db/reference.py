@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import sys
 from pathlib import Path
 
 from ..control import lazyfs
@@ -105,7 +104,7 @@ class ReferenceBrokerDB(DB):
         return ",".join(self.address(n) for n in self.remotes)
 
     def command(self, node: str) -> list[str]:
-        cmd = [sys.executable, "-m", "faultline.broker.main", "--node-id", str(self.node_ids[node]),
+        cmd = [self.remotes[node].python, "-m", "faultline.broker.main", "--node-id", str(self.node_ids[node]),
                "--listen", self.address(node), "--data-dir", str(self.node_dir(node) / "data")]
         for key, value in self.settings().items():
             cmd += ["--set", f"{key}={value}"]
@@ -127,7 +126,7 @@ class ReferenceBrokerDB(DB):
         remote, data = self.remotes[node], self.node_dir(node) / "data"
         for path in (self.disk_dir(node), data):
             path.mkdir(parents=True, exist_ok=True)
-        pid = remote.spawn(DISK, [sys.executable, "-m", "faultline.control.lazyfs", str(self.disk_dir(node)),
+        pid = remote.spawn(DISK, [remote.python, "-m", "faultline.control.lazyfs", str(self.disk_dir(node)),
                                   str(data)], self.node_dir(node) / "disk.log", host_mounts=True)
 
         def mounted() -> bool:

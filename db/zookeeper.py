@@ -54,8 +54,8 @@ def zoo_cfg(data_dir: Path, client_address: str, servers: dict[int, str], tick_m
     return "\n".join(lines) + "\n"
 
 
-def java_command(cfg: Path, log_dir: Path) -> list[str]:
-    java = shutil.which("java") or "/usr/bin/java"
+def java_command(cfg: Path, log_dir: Path, java: str | None = None) -> list[str]:
+    java = java or shutil.which("java") or "/usr/bin/java"
     return [java, "-Xms64m", "-Xmx256m", "-cp", CLASSPATH, f"-Dzookeeper.log.dir={log_dir}",
             "-Dorg.slf4j.simpleLogger.showDateTime=true", MAIN_CLASS, str(cfg)]
 
@@ -99,7 +99,7 @@ class ZooKeeperDB:
         (data / "myid").write_text(f"{self.ids[node]}\n")
         cfg = home / "zoo.cfg"
         cfg.write_text(zoo_cfg(data, remote.address, servers))
-        pid = remote.spawn(DAEMON, java_command(cfg, home), self.log_path(node))
+        pid = remote.spawn(DAEMON, java_command(cfg, home, remote.java), self.log_path(node))
         log.info("started ZooKeeper %d on %s (pid %d)", self.ids[node], node, pid)
         return pid
 

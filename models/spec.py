@@ -94,6 +94,10 @@ class SpecError(ValueError):
     """A spec value that cannot be used; the message says which and how to fix it."""
 
 
+#: Where nodes run: `local`, a network namespace per node on this machine; `docker`, a container per node.
+BACKENDS = ("local", "docker")
+
+
 @dataclass
 class TestSpec:
     __test__ = False  # not a pytest test class
@@ -170,7 +174,7 @@ class TestSpec:
         need(self.broker == "kafka" or not needs,
              f"workload {self.workload} needs Kafka's {' and '.join(needs)} coordinator"
              f"{'s' if len(needs) > 1 else ''}, which the reference broker does not have yet; run it against Apache Kafka with --db kafka")
-        need(self.backend == "local", f"backend {self.backend!r} is unknown; use 'local'")
+        need(self.backend in BACKENDS, f"backend {self.backend!r} is unknown; use one of {', '.join(BACKENDS)}")
         brokers = [f"n{i}" for i in range(1, self.nodes + 1)]
         for node, seconds in self.clock_offsets.items():
             need(node in brokers, f"clock offset for {node!r}: the broker nodes are {', '.join(brokers)}")

@@ -73,7 +73,7 @@ def _spec_from_args(args: argparse.Namespace):
     broker.update(parse_settings(args.broker_set, "--broker-set"))
     for name in ("name", "nodes", "zookeeper_nodes", "time_limit", "final_time_limit", "rate", "concurrency", "seed", "topics",
                  "partitions", "replication_factor", "nemesis_interval", "store", "spark_master", "engine",
-                 "model"):
+                 "model", "backend"):
         value = getattr(args, name)
         if value is not None:
             fields[name] = value
@@ -218,6 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--db", metavar="NAME", help="the system under test: reference (default: faultline's own "
                      "broker) or kafka (Apache Kafka from its own jars, resolved once per version from Maven "
                      "Central into ~/.cache/faultline/kafka/)")
+    run.add_argument("--backend", choices=("local", "docker"),
+                     help="where nodes run: local (default), a network namespace per node on this machine; or "
+                          "docker, a container per node on the Docker daemon DOCKER_HOST names (else the default "
+                          "socket), from an image faultline builds offline on first use (docker/README.md)")
     run.add_argument("--nodes", type=int, help="broker nodes (default 1: one standalone broker; with more, "
                      "the brokers form a replicated cluster through ZooKeeper, or with --db kafka through "
                      "KRaft)")

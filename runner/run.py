@@ -15,6 +15,7 @@ import logging
 import secrets
 import shutil
 import signal
+import sys
 import tempfile
 import time
 import traceback
@@ -24,7 +25,6 @@ from typing import Callable
 from ..checker.check import HARNESS_ERRORS, record_harness_error
 from ..checker.verdict import summary
 from ..control.net import Net
-from ..control.local_cluster import LocalCluster
 from ..models.history import HistoryWriter
 from ..models.spec import TestSpec
 from . import testmap
@@ -65,9 +65,9 @@ def run_test(spec: TestSpec, show_progress: bool = True) -> tuple[int, Path]:
     tag = secrets.token_hex(3)
     workdir = Path(tempfile.mkdtemp(prefix=f"faultline-{tag}-"))
     history = HistoryWriter(run_dir / "history.jsonl")
-    state = {"phase": "setup", "since": time.monotonic(), "interpreter": None}
+    state = {"phase": "setup", "since": time.monotonic(), "interpreter": None, "started": False}
     cluster = None
-    interrupted = failure = None
+    interrupted = failure = setup_failure = None
 
     def on_signal(signum, frame):
         raise Interrupted(signal.Signals(signum).name)
@@ -98,18 +98,23 @@ def run_test(spec: TestSpec, show_progress: bool = True) -> tuple[int, Path]:
     try:
         if progress:
             progress.__enter__()
-        cluster = LocalCluster.create(tag, nodes + support_nodes, workdir)
+        cluster = testmap.create_nodes(spec, tag, workdir, say=progress.note if progress else print)
         net = Net(cluster.remotes) if "partition" in spec.nemesis else None
         test = testmap.build(spec, cluster.remotes, workdir, net)
-        execute(test, history, run_dir, lambda interpreter: state.update(interpreter=interpreter))
+        execute(test, history, run_dir, lambda interpreter: state.update(interpreter=interpreter, started=True))
     except (Interrupted, KeyboardInterrupt) as exc:
         interrupted = str(exc) or "interrupt"
         if progress:
             progress.note(f"interrupted ({interrupted}): cleaning up, then checking what was recorded")
     except Exception as exc:  # noqa: BLE001 - a harness failure is recorded, and the verdict is unknown
         failure = f"{type(exc).__name__}: {exc}"
-        log.error("the run failed: %s", failure, exc_info=True)
         record_harness_error(run_dir, failure, traceback.format_exc())
+        if state["started"]:
+            log.error("the run failed: %s", failure, exc_info=True)
+        else:
+            # Said in one paragraph once everything is cleaned up; the traceback is in the store.
+            log.debug("set-up failed", exc_info=True)
+            setup_failure = exc
     finally:
         state["interpreter"], state["phase"], state["since"] = None, "teardown", time.monotonic()
         try:
@@ -125,6 +130,11 @@ def run_test(spec: TestSpec, show_progress: bool = True) -> tuple[int, Path]:
             librdkafka.removeHandler(client_log)
             client_log.close()
 
+    if setup_failure is not None:
+        # Nothing ran, so the verdict is unknown: results.json says so, without starting Spark.
+        check_with_progress([run_dir], spec.spark_master, spec.model, False, "python")
+        print(setup_paragraph(setup_failure, spec, run_dir), file=sys.stderr)
+        return 2, run_dir
     how = f"Spark ({spec.spark_master})" if spec.engine == "spark" else "the plain-Python engine"
     print(f"checking {run_dir / 'history.jsonl'} with {how}")
     checked = check_with_progress([run_dir], spec.spark_master, spec.model, show_progress, spec.engine)[0]
@@ -134,3 +144,32 @@ def run_test(spec: TestSpec, show_progress: bool = True) -> tuple[int, Path]:
     if failure:
         print(f"note: the harness failed ({failure}); its traceback is in {run_dir / HARNESS_ERRORS}")
     return checked.status, run_dir
+
+
+def setup_paragraph(exc: BaseException, spec: TestSpec, run_dir: Path) -> str:
+    """What failed while setting the run up, its likely cause and the fix, as one paragraph."""
+    from ..control.remote import CommandFailed, RemoteError
+
+    lines = str(exc).strip().splitlines() or [type(exc).__name__]
+    # The first line says what failed; a log's tail after it is in the store and the traceback.
+    what = lines[0].rstrip(".:;")
+    logs = f"{run_dir}/nodes/"
+    where = "the containers on Docker" if spec.backend == "docker" else "network namespaces on this machine"
+    if type(exc).__name__ in ("DockerUnavailable", "ImageError"):
+        cause_fix = ""  # their text says why and what to do
+    elif isinstance(exc, PermissionError):
+        cause_fix = " The local backend creates network namespaces and links, which needs root: run it as root."
+    elif isinstance(exc, TimeoutError):
+        cause_fix = (f" Likely cause: a node's process started but never answered, or this machine cannot reach "
+                     f"the node's address ({where}; a firewall between them). Fix: read the node's log in "
+                     f"{logs}; `faultline cleanup` removes anything left over before you try again.")
+    elif isinstance(exc, CommandFailed):
+        cause_fix = (f" Likely cause: a program the node needs is missing or failed (its output is above). Fix: "
+                     f"run scripts/setup{' --docker' if spec.backend == 'docker' else ''}, then try again.")
+    elif isinstance(exc, RemoteError):
+        cause_fix = " Fix: `faultline cleanup` removes what earlier runs left behind; then try again."
+    else:
+        cause_fix = (f" Likely cause: a node exited while starting (its log is in {logs}) or a fault in "
+                     f"faultline itself (the traceback is in {run_dir / HARNESS_ERRORS}).")
+    return (f"faultline run: set-up failed, so nothing was tested (verdict unknown, exit status 2): {what}."
+            f"{cause_fix} The store folder {run_dir} keeps the node logs collected so far and the traceback.")

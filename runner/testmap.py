@@ -1,7 +1,7 @@
 """A test as a map of small parts (Jepsen's test map): db, workload, nemesis, generator, checker.
 
-In: a `TestSpec`, the run's `Remote`s by node name, a work directory and (for partitions) the
-nodes' `Net`. Out: a `Test` naming each part, built from the registries (`db.DBS`,
+In: a `TestSpec`, the run's `Remote`s by node name (`create_nodes` makes them on the spec's
+backend), a work directory and (for partitions) the nodes' `Net`. Out: a `Test` naming each part, built from the registries (`db.DBS`,
 `workloads.WORKLOADS`, `nemesis.catalog`); the runner knows only these interfaces, so a new
 system under test or workload is one new file and one registry line.
 
@@ -48,6 +48,26 @@ def db_class(spec: TestSpec):
 def node_names(spec: TestSpec) -> tuple[list[str], list[str]]:
     """(system-under-test nodes, support nodes) the spec's db runs on."""
     return db_class(spec).node_names(spec)
+
+
+def create_nodes(spec: TestSpec, run_id: str, workdir: Path, say=print):
+    """The spec's nodes on its backend (`local`: network namespaces, `docker`: containers): a
+    cluster object with `remotes` by node name and `destroy()`."""
+    nodes, support = node_names(spec)
+    if spec.backend == "docker":
+        from ..control.docker_cluster import DockerCluster
+
+        read_only = []
+        if spec.broker == "kafka":
+            # Kafka runs from the jars faultline resolved on this machine; the containers read the cache.
+            from ..db.kafka_jars import cache_root
+
+            cache_root().mkdir(parents=True, exist_ok=True)
+            read_only.append(cache_root())
+        return DockerCluster.create(run_id, nodes + support, workdir, read_only=read_only, say=say)
+    from ..control.local_cluster import LocalCluster
+
+    return LocalCluster.create(run_id, nodes + support, workdir)
 
 
 def workload_for(spec: TestSpec, clients_dir: Path | None = None) -> Workload:
