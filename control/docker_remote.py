@@ -177,15 +177,16 @@ class DockerRemote(Remote):
             exec_id = self._exec(["sh", "-c", _SPAWN, pidfile, str(log_path), *args], env, detach=True)
             self.api.exec_start(exec_id, detach=True)
 
-            def started() -> int | None:
+            def started() -> int | str | None:
                 state = self.api.exec_inspect(exec_id)
                 if not state["Running"] and state["ExitCode"] == 127:
-                    raise FileNotFoundError(f"on {self.name}: cannot start daemon {name!r}: "
-                                            f"no program {args[0]!r}")
+                    return "missing"  # wait_until takes exceptions for "not yet": raised below
                 code, out, _ = self._sh('cat "$1" 2>/dev/null', pidfile)
                 return int(out) if code == 0 and out.strip().isdigit() else None
 
             pid = wait_until(started, 10, f"on {self.name}: daemon {name!r} did not start")
+            if pid == "missing":
+                raise FileNotFoundError(f"on {self.name}: cannot start daemon {name!r}: no program {args[0]!r}")
             self._daemons[name] = _Daemon(exec_id, pid, args, log_path)
         log.debug("%s: spawned %s (pid %d): %s", self.name, name, pid, args)
         self._on_change()

@@ -120,3 +120,44 @@ def zookeeper(tmp_path_factory):
     zk = LocalZooKeeper(tmp_path_factory.mktemp("zookeeper")).start()
     yield zk.connect
     zk.stop()
+
+
+@pytest.fixture(scope="session")
+def docker_host():
+    """A Docker daemon of the session's own (private socket, data root and exec root), which
+    DOCKER_HOST points at while the session lasts; stopped by its pid at the end, and the host's
+    FORWARD policy, dockerd's chains and rules and the sysctls it changed put back as they were."""
+    if os.geteuid() != 0:
+        pytest.skip("the Docker backend's tests start a dockerd, which needs root")
+    import shutil
+
+    from tests.dockerd import HostState, PrivateDockerd
+
+    if shutil.which("dockerd") is None:
+        message = "dockerd is not installed: run scripts/setup --docker"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    before = HostState.capture()
+    daemon = PrivateDockerd()
+    previous = os.environ.get("DOCKER_HOST")
+    try:
+        daemon.start()
+        os.environ["DOCKER_HOST"] = daemon.host
+        yield daemon.host
+    finally:
+        if previous is None:
+            os.environ.pop("DOCKER_HOST", None)
+        else:
+            os.environ["DOCKER_HOST"] = previous
+        daemon.stop()
+        before.restore()
+
+
+@pytest.fixture(scope="session")
+def node_image(docker_host) -> str:
+    """The node image of this checkout on the session's daemon, built first when it is not there."""
+    from faultline.control.docker_cluster import connect
+    from faultline.control.docker_image import ensure_image
+
+    return ensure_image(connect(docker_host), say=lambda text: print(f"\n{text}", flush=True))

@@ -11,6 +11,7 @@ import secrets
 import sys
 from pathlib import Path
 
+from faultline.control import forward
 from faultline.control.iproute import link_kind, list_links, list_namespaces
 from faultline.control.names import BRIDGE_RE, NAMESPACE_RE, VETH_RE
 from faultline.control.processes import process_state
@@ -88,7 +89,7 @@ def new_tag() -> str:
 
 
 def ours_on_host(tags: set[str]) -> list[str]:
-    """Namespaces and links on this machine that belong to any of `tags`."""
+    """Namespaces, links and FORWARD rules on this machine that belong to any of `tags`."""
     found = []
     for name in list_namespaces():
         match = NAMESPACE_RE.match(name)
@@ -99,6 +100,7 @@ def ours_on_host(tags: set[str]) -> list[str]:
         match = BRIDGE_RE.match(name) or VETH_RE.match(name)
         if match and match[1] in tags:
             found.append(f"{link_kind(link)} {name}")
+    found += [f"FORWARD rule {rule}" for tag, rules in forward.rules().items() if tag in tags for rule in rules]
     return found
 
 
