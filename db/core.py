@@ -23,6 +23,32 @@ from pathlib import Path
 from ..control.wait import wait_until
 
 
+class ExitedWhileStarting(RuntimeError):
+    """A node's program exited before it served: a setting it refused, a missing file, a port taken.
+    Says which program on which node, and the end of its log (`last_line`: its last line)."""
+
+    def __init__(self, what: str, node: str, log_path: Path):
+        try:
+            tail = log_path.read_text(errors="replace")[-1500:]
+        except OSError:
+            tail = ""
+        lines = [line.strip() for line in tail.splitlines() if line.strip()]
+        self.node, self.log_path = node, log_path
+        self.last_line = lines[-1] if lines else "(its log is empty)"
+        super().__init__(f"{what} on {node} exited while starting; {log_path} ends:\n{tail or '(nothing)'}")
+
+
+#: What a readiness probe returns once the program it waits for has exited (see `wait_serving`).
+EXITED = "exited"
+
+
+def wait_serving(probe, timeout: float, message: str, what: str, node: str, log_path: Path) -> None:
+    """`wait_until(probe)`, except that a probe returning `EXITED` ends the wait at once with
+    `ExitedWhileStarting` (wait_until takes exceptions for "not yet", so an exit is returned)."""
+    if wait_until(probe, timeout, message) == EXITED:
+        raise ExitedWhileStarting(what, node, log_path)
+
+
 class Unsupported(Exception):
     """The db cannot perform a fault a nemesis asked for; the message says which and why."""
 

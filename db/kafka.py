@@ -37,6 +37,7 @@ from pathlib import Path
 
 from ..control.wait import wait_until
 from ..models.spec import TestSpec
+from .core import EXITED, wait_serving
 from .reference import DAEMON, DISK, ReferenceBrokerDB
 from .zookeeper import ZooKeeperDB
 
@@ -250,14 +251,19 @@ class KafkaDB(ReferenceBrokerDB):
     def wait_ready(self, node: str, timeout: float = 60) -> None:
         host, port = self.remotes[node].address, self.port(node)
 
-        def accepting() -> bool:
+        def accepting() -> bool | str:
             if self.remotes[node].pid(DAEMON) is None:
-                raise RuntimeError(f"Kafka on {node} exited; {self._tail(node)}")
+                return EXITED
             with socket.create_connection((host, port), timeout=1):
                 return True
 
-        wait_until(accepting, timeout, f"Kafka on {node} did not accept connections on {host}:{port}; "
-                                       f"{self._tail(node)}")
+        wait_serving(accepting, timeout, f"Kafka on {node} did not accept connections on {host}:{port}; "
+                                         f"{self._tail(node)}", "Kafka", node, self._log_with_output(node))
+
+    def _log_with_output(self, node: str) -> Path:
+        """kafka.out when the JVM said anything there (it dies before logging), else server.log."""
+        out = self.node_dir(node) / "kafka.out"
+        return out if out.exists() and out.stat().st_size else self.node_dir(node) / "server.log"
 
     def _tail(self, node: str) -> str:
         for name in ("kafka.out", "server.log"):

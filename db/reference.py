@@ -17,9 +17,8 @@ import socket
 from pathlib import Path
 
 from ..control import lazyfs
-from ..control.wait import wait_until
 from ..models.spec import TestSpec
-from .core import DB
+from .core import DB, EXITED, wait_serving
 from .zookeeper import ZooKeeperDB
 
 log = logging.getLogger("faultline.db")
@@ -129,15 +128,15 @@ class ReferenceBrokerDB(DB):
         pid = remote.spawn(DISK, [remote.python, "-m", "faultline.control.lazyfs", str(self.disk_dir(node)),
                                   str(data)], self.node_dir(node) / "disk.log", host_mounts=True)
 
-        def mounted() -> bool:
+        def mounted() -> bool | str:
             if remote.pid(DISK) is None:
-                tail = (self.node_dir(node) / "disk.log").read_text()[-1500:]
-                raise RuntimeError(f"the power-loss file system on {node} exited; its log ends:\n{tail}")
+                return EXITED
             probe = remote.run(["findmnt", "-n", "-o", "SOURCE", "--mountpoint", str(data)], check=False,
                                host_mounts=True)
             return probe.stdout.strip() == lazyfs.FSNAME
 
-        wait_until(mounted, 30, f"the power-loss file system on {node} did not mount {data}")
+        wait_serving(mounted, 30, f"the power-loss file system on {node} did not mount {data}",
+                     "the power-loss file system", node, self.node_dir(node) / "disk.log")
         return pid
 
     def unmount_disk(self, node: str) -> None:
@@ -196,14 +195,14 @@ class ReferenceBrokerDB(DB):
     def wait_ready(self, node: str, timeout: float = 30) -> None:
         host, port = self.remotes[node].address, BROKER_PORT
 
-        def accepting() -> bool:
+        def accepting() -> bool | str:
             if self.remotes[node].pid(DAEMON) is None:
-                tail = self.log_path(node).read_text()[-1500:] if self.log_path(node).exists() else ""
-                raise RuntimeError(f"the broker on {node} exited; its log ends:\n{tail}")
+                return EXITED
             with socket.create_connection((host, port), timeout=1):
                 return True
 
-        wait_until(accepting, timeout, f"the broker on {node} did not accept connections on {host}:{port}")
+        wait_serving(accepting, timeout, f"the broker on {node} did not accept connections on {host}:{port}",
+                     "the broker", node, self.log_path(node))
 
     def setup(self) -> None:
         if self.zookeeper is not None:

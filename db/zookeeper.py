@@ -19,6 +19,7 @@ import subprocess
 from pathlib import Path
 
 from ..control.wait import wait_until
+from .core import EXITED, wait_serving
 
 log = logging.getLogger("faultline.zookeeper")
 
@@ -30,8 +31,6 @@ MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 # stderr, which lands in the node's zookeeper.log; without a binding slf4j would drop it.
 CLASSPATH = "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar"
 JAR = Path("/usr/share/java/zookeeper.jar")
-# What a readiness check returns when the server has exited (see ZooKeeperDB.wait_ready).
-EXITED = "exited"
 
 
 def zoo_cfg(data_dir: Path, client_address: str, servers: dict[int, str], tick_ms: int = 500,
@@ -120,10 +119,8 @@ class ZooKeeperDB:
             modes = ("Mode: leader", "Mode: follower") if ensemble else ("Mode: standalone",)
             return any(m in four_letter(remote.address, "srvr") for m in modes)
 
-        if wait_until(serving, timeout, f"ZooKeeper on {node} ({remote.address}:{CLIENT_PORT}) did not serve; "
-                                        f"see {self.log_path(node)}") == EXITED:
-            raise RuntimeError(f"ZooKeeper on {node} exited while starting; {self.log_path(node)} ends:\n"
-                               f"{self._tail(node)}")
+        wait_serving(serving, timeout, f"ZooKeeper on {node} ({remote.address}:{CLIENT_PORT}) did not serve; "
+                                       f"see {self.log_path(node)}", "ZooKeeper", node, self.log_path(node))
 
     def _tail(self, node: str) -> str:
         path = self.log_path(node)

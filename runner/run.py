@@ -149,6 +149,7 @@ def run_test(spec: TestSpec, show_progress: bool = True) -> tuple[int, Path]:
 def setup_paragraph(exc: BaseException, spec: TestSpec, run_dir: Path) -> str:
     """What failed while setting the run up, its likely cause and the fix, as one paragraph."""
     from ..control.remote import CommandFailed, RemoteError
+    from ..db.core import ExitedWhileStarting
 
     lines = str(exc).strip().splitlines() or [type(exc).__name__]
     # The first line says what failed; a log's tail after it is in the store and the traceback.
@@ -157,6 +158,11 @@ def setup_paragraph(exc: BaseException, spec: TestSpec, run_dir: Path) -> str:
     where = "the containers on Docker" if spec.backend == "docker" else "network namespaces on this machine"
     if type(exc).__name__ in ("DockerUnavailable", "ImageError"):
         cause_fix = ""  # their text says why and what to do
+    elif isinstance(exc, ExitedWhileStarting):
+        what = str(exc).splitlines()[0].split(";")[0]
+        cause_fix = (f" Its log's last line: \"{exc.last_line}\". Likely cause: a setting it refuses (a --broker-set "
+                     f"value, say) or something missing on the node. Fix: read its log, copied to "
+                     f"{run_dir}/nodes/{exc.node}/, correct the setting, and run again.")
     elif isinstance(exc, PermissionError):
         cause_fix = " The local backend creates network namespaces and links, which needs root: run it as root."
     elif isinstance(exc, TimeoutError):

@@ -57,7 +57,15 @@ def test_acks_all_with_min_insync_2_survives_leader_kills(tmp_path):
     assert leftovers() == NOTHING_LEFT
 
 
-def test_acks_1_loses_acknowledged_writes_when_the_leader_dies(tmp_path):
+@pytest.fixture(params=["local", "docker"])
+def backend(request) -> str:
+    """Each node backend in turn; for docker, the session's dockerd and node image first."""
+    if request.param == "docker":
+        request.getfixturevalue("node_image")
+    return request.param
+
+
+def test_acks_1_loses_acknowledged_writes_when_the_leader_dies(tmp_path, backend):
     # With replica fetches that wait for 100 MB or 2 s, followers trail the leader by up to
     # 2 s of writes (less than replica.lag.time.max.ms, so they stay in the ISR and may be
     # elected): every leader kill loses the acks=1 writes its followers had not fetched.
@@ -65,7 +73,8 @@ def test_acks_1_loses_acknowledged_writes_when_the_leader_dies(tmp_path):
     # milliseconds, and whether a run hits it is timing.
     results, history, output = run_with_leader_kills(
         tmp_path / "store", 1, "--producer", "acks=1", "--producer", "enable.idempotence=false",
-        "--broker-set", "replica.fetch.min.bytes=100000000", "--broker-set", "replica.fetch.wait.max.ms=2000")
+        "--broker-set", "replica.fetch.min.bytes=100000000", "--broker-set", "replica.fetch.wait.max.ms=2000",
+        "--backend", backend)
     assert leader_kills(history), output
     # acks=1 promises no durability: the loss is found, listed, and allowed by the run's own model.
     assert results["model"].startswith("best-effort"), summary(results)
@@ -122,10 +131,10 @@ def run_with_a_power_loss(store, *extra: str) -> tuple[dict, list[dict], dict]:
     return results, outages, acknowledged
 
 
-def test_a_simultaneous_power_loss_loses_acknowledged_writes_unless_every_message_is_flushed(tmp_path):
+def test_a_simultaneous_power_loss_loses_acknowledged_writes_unless_every_message_is_flushed(tmp_path, backend):
     # Kafka leaves flushing to the OS: acks=all means every in-sync replica has the batch in
     # its page cache, and a power loss of all of them at once takes it away.
-    results, outages, acknowledged = run_with_a_power_loss(tmp_path / "lazy")
+    results, outages, acknowledged = run_with_a_power_loss(tmp_path / "lazy", "--backend", backend)
     assert sum(outages[0]["value"]["unsynced_bytes"].values()) > 0, outages
     # Kafka promises durability through replication, not fsync: the run's own model allows the loss.
     assert "log.flush.interval.messages" in results["model"], summary(results)
@@ -145,7 +154,8 @@ def test_a_simultaneous_power_loss_loses_acknowledged_writes_unless_every_messag
     assert leftovers() == NOTHING_LEFT
     # With an fsync after every message (leader and followers alike), an acknowledged write is
     # on the disk of every in-sync replica before the producer hears of it.
-    results, _, _ = run_with_a_power_loss(tmp_path / "flushed", "--broker-set", "log.flush.interval.messages=1")
+    results, _, _ = run_with_a_power_loss(tmp_path / "flushed", "--broker-set", "log.flush.interval.messages=1",
+                                          "--backend", backend)
     assert results["valid"] is True, summary(results)
     assert leftovers() == NOTHING_LEFT
 

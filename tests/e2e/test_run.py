@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from faultline.control import lazyfs
+from faultline.control import forward, lazyfs
 from faultline.models.history import read_history
 from faultline.control.wait import wait_until
 
@@ -30,7 +30,7 @@ def ours(listing: str) -> list[str]:
     return [line for line in listing.splitlines() if "faultline" in line or " fl" in line]
 
 
-NOTHING_LEFT = {"namespaces": [], "links": [], "processes": [], "mounts": []}
+NOTHING_LEFT = {"namespaces": [], "links": [], "processes": [], "mounts": [], "forward_rules": [], "docker": []}
 
 
 def leftovers() -> dict[str, list[str]]:
@@ -49,7 +49,25 @@ def leftovers() -> dict[str, list[str]]:
         "processes": [l for l in procs.splitlines() if l.strip()],
         # The power-loss file system's mounts (of any run: a test run by hand is as much a leftover).
         "mounts": lazyfs.mounts(),
+        "forward_rules": [rule for rules in forward.rules().values() for rule in rules],
+        "docker": docker_leftovers(),
     }
+
+
+def docker_leftovers() -> list[str]:
+    """Containers and networks labelled as a run's on the daemon DOCKER_HOST names (when the
+    session started one: see the docker_host fixture)."""
+    if not os.environ.get("DOCKER_HOST"):
+        return []
+    from faultline.control.docker_cluster import connect
+    from faultline.control.names import LABEL_RUN
+
+    client = connect()
+    try:
+        return ([f"container {c['Names'][0]}" for c in client.api.containers(all=True, filters={"label": LABEL_RUN})]
+                + [f"network {n['Name']}" for n in client.api.networks(filters={"label": LABEL_RUN})])
+    finally:
+        client.close()
 
 
 def test_healthy_run_is_valid(tmp_path):
