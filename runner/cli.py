@@ -22,6 +22,7 @@ its own Kafka-wire-compatible reference broker under test.
   faultline check     check stored histories again (no cluster needed)
   faultline repro     rerun a stored test from its test.json (same seed, same schedule)
   faultline cleanup   remove what an interrupted or killed run left behind
+  faultline image     build the Docker backend's node image (docker/docker-compose.yml uses it)
   faultline broker    run one reference broker in the foreground
 """
 
@@ -33,6 +34,7 @@ examples:
   faultline run --config my-test.toml            # the same names as the flags, e.g. rate = 50
   faultline run --nodes 3 --nemesis kill-leader,partition --broker-set min.insync.replicas=2
   faultline run --db kafka --nodes 3 --nemesis partition,kill,pause --broker-set min.insync.replicas=2
+  faultline run --backend docker --nodes 3 --nemesis partition,kill,pause  # a container per node
   faultline run --db kafka --kafka-version 3.9.1 --kafka-mode zookeeper --nodes 3 --nemesis kill-controller
 
 The run's files go to store/<name>/<timestamp>/ (store/latest points at the
@@ -200,13 +202,26 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     return 1 if found.errors else 0
 
 
+def cmd_image(args: argparse.Namespace) -> int:
+    from ..control.docker_cluster import DockerUnavailable, connect
+    from ..control.docker_image import ImageError, ensure_image
+
+    try:
+        print(ensure_image(connect()))
+    except (DockerUnavailable, ImageError) as exc:
+        print(f"faultline image: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="faultline", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     run = sub.add_parser("run", help="run a test end to end and print its verdict",
-                         description="Bring up nodes (network namespaces on this machine), start a broker on "
+                         description="Bring up nodes (network namespaces on this machine, or containers with "
+                                     "--backend docker), start a broker on "
                                      "each, drive them with Kafka clients while the nemesis injects faults, "
                                      "record the history, and check it.",
                          epilog=RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -306,15 +321,29 @@ def build_parser() -> argparse.ArgumentParser:
     repro.add_argument("--no-progress", action="store_true", help="no progress line")
     repro.set_defaults(func=cmd_repro)
 
-    clean = sub.add_parser("cleanup", help="remove namespaces, links, mounts and processes an earlier run left",
+    clean = sub.add_parser("cleanup", help="remove namespaces, links, mounts, containers and processes an earlier "
+                                           "run left",
                            description="Find and remove what an interrupted or killed faultline run left on "
                                        "this machine: its network namespaces (and every process in them), "
-                                       "veth links and bridges, and the mounts of its power-loss file system. "
-                                       "Touches only faultline's own objects.")
+                                       "veth links and bridges, its rule in the host's FORWARD chain, the mounts "
+                                       "of its power-loss file system, and the containers and network of a "
+                                       "Docker-backend run (label org.faultline.run; on each daemon a run "
+                                       "registered, and on the one DOCKER_HOST names). Touches only faultline's "
+                                       "own objects.")
     clean.add_argument("--dry-run", action="store_true", help="only list what would be removed")
     clean.add_argument("--include-live", action="store_true",
                        help="also remove the objects of runs whose harness is still running")
     clean.set_defaults(func=cmd_cleanup)
+
+    image = sub.add_parser("image", help="build the Docker backend's node image",
+                           description="Build the node image `faultline run --backend docker` uses, on the Docker "
+                                       "daemon DOCKER_HOST names (else the default socket), when it is not there "
+                                       "yet: the offline Debian base first when absent (docker/build-base: "
+                                       "mmdebstrap and `docker import`, no registry), then docker/Dockerfile "
+                                       "with faultline's wheel built here. Prints the image's tag; the image "
+                                       "is also tagged faultline-node:latest, which docker/docker-compose.yml "
+                                       "starts a 3-broker cluster from.")
+    image.set_defaults(func=cmd_image)
 
     broker = sub.add_parser("broker", help="run one reference broker in the foreground",
                             description=broker_main.DESCRIPTION, epilog=broker_main.EPILOG,

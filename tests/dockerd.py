@@ -6,7 +6,8 @@ dockerd changes on the host (the FORWARD policy, its DOCKER* chains in the filte
 tables, the docker0 bridge, the ip_forward and bridge-netfilter sysctls) that `restore` puts
 back: the tests leave the host as they found it.
 
-The data root persists in ~/.cache/faultline/dockerd (images are a cache, as Kafka's jars are),
+The data root persists in ~/.cache/faultline/dockerd, or $FAULTLINE_TEST_DOCKERD_ROOT (images
+are a cache, as Kafka's jars are),
 so the node image is built once per source change, not once per session. overlay2 is used
 where the file system allows it (a container starts in a third of a second; on vfs, each is a
 full copy of the image, several seconds), else vfs.
@@ -27,7 +28,8 @@ from pathlib import Path
 
 from faultline.control.wait import wait_until
 
-CACHE = Path.home() / ".cache" / "faultline" / "dockerd"
+# Two test sessions at once (two checkouts, say) need a data root each: a dockerd locks its own.
+CACHE = Path(os.environ.get("FAULTLINE_TEST_DOCKERD_ROOT") or Path.home() / ".cache" / "faultline" / "dockerd")
 SYSCTLS = ("net/ipv4/ip_forward", "net/bridge/bridge-nf-call-iptables", "net/bridge/bridge-nf-call-ip6tables")
 
 

@@ -1,0 +1,66 @@
+"""docker/docker-compose.yml starts a 3-broker reference cluster with ZooKeeper that real Kafka
+clients use: every broker registers, a topic of replication factor 3 takes acks=all writes, and
+they read back; `down` leaves no container or network."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from faultline.control.docker_cluster import _docker_subnets, connect
+from faultline.control.iproute import networks_in_use
+from faultline.control.names import choose_subnet
+from tests.e2e.test_run import REPO
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the Docker backend's tests start a dockerd as root")
+
+
+def test_the_compose_file_starts_a_replicated_cluster_that_kafka_clients_use(node_image, tmp_path):
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    if shutil.which("docker-compose") is None:
+        pytest.fail("docker-compose is not installed: run scripts/setup --docker")
+    client = connect()
+    subnet = choose_subnet("compose", networks_in_use() + _docker_subnets(client))
+    prefix = str(subnet.network_address).rsplit(".", 1)[0]
+    env = dict(os.environ, FAULTLINE_SUBNET=prefix)
+    compose = ["docker-compose", "-p", "fltestcompose", "-f", str(REPO / "docker" / "docker-compose.yml")]
+    up = subprocess.run([*compose, "up", "-d"], env=env, capture_output=True, text=True, timeout=300)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        bootstrap = ",".join(f"{prefix}.{i}:9092" for i in (11, 12, 13))
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        deadline = time.monotonic() + 60
+        while len(admin.list_topics(timeout=5).brokers) < 3 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert sorted(admin.list_topics(timeout=5).brokers) == [1, 2, 3]
+        for future in admin.create_topics([NewTopic("t", 3, 3)]).values():
+            future.result(30)
+        producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True})
+        for i in range(100):
+            producer.produce("t", key=str(i % 3), value=str(i))
+        assert producer.flush(30) == 0
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "by-hand", "enable.auto.commit": False})
+        consumer.assign([TopicPartition("t", p, OFFSET_BEGINNING) for p in range(3)])
+        got: set[bytes] = set()
+        deadline = time.monotonic() + 30
+        while len(got) < 100 and time.monotonic() < deadline:
+            message = consumer.poll(1)
+            if message is not None and not message.error():
+                got.add(message.value())
+        consumer.close()
+        assert got == {str(i).encode() for i in range(100)}
+        isr = admin.list_topics("t", timeout=5).topics["t"].partitions
+        assert all(sorted(p.isrs) == [1, 2, 3] for p in isr.values())
+    finally:
+        down = subprocess.run([*compose, "down", "-v"], env=env, capture_output=True, text=True, timeout=120)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert not client.api.containers(all=True, filters={"label": "com.docker.compose.project=fltestcompose"})
+    assert not [n for n in client.api.networks() if n["Name"].startswith("fltestcompose")]
+    assert ipaddress.ip_network(f"{prefix}.0/24") == subnet
