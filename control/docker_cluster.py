@@ -26,17 +26,14 @@ import contextlib
 import ipaddress
 import logging
 import os
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable
 
+from .cluster import RegisteredCluster, taken_subnets, validate_nodes
 from .docker_remote import DockerRemote
-from .iproute import networks_in_use
-from .local_cluster import STATE_FILE, _validate_nodes
 from .names import DEFAULT_DOCKER_HOST, LABEL_NODE, LABEL_RUN, choose_subnet, container_name, network_name, tag_for
-from .registry import harness_identity, read_registry, registry_lock, registry_path, write_json_atomically
+from .registry import registry_lock, registry_path
 from .remote import RemoteError
 
 log = logging.getLogger("faultline.control")
@@ -69,17 +66,14 @@ def connect(host: str | None = None):
     return client
 
 
-class DockerCluster:
+class DockerCluster(RegisteredCluster):
     """Containers on one Docker network, one per node. Use `create`, then `destroy`."""
 
     backend = "docker"
 
     def __init__(self, run_id: str, tag: str, node_names: list[str], workdir: Path,
                  subnet: ipaddress.IPv4Network, client, image: str, host: str, read_only: list[Path]):
-        self.run_id = run_id
-        self.tag = tag
-        self.workdir = workdir
-        self.subnet = subnet
+        super().__init__(run_id, tag, node_names, workdir, subnet)
         self.client = client
         self.image = image
         self.docker_host = host
@@ -87,25 +81,11 @@ class DockerCluster:
         self.network = network_name(tag)
         hosts = list(subnet.hosts())
         self.gateway = str(hosts[0])
-        self.nodes = list(node_names)
         self.containers = {node: container_name(tag, node) for node in self.nodes}
         self.remotes: dict[str, DockerRemote] = {
             node: DockerRemote(client, self.containers[node], node, str(hosts[i + 1]), workdir / node,
                                on_change=self.save_state)
             for i, node in enumerate(self.nodes)}
-        self.status = "creating"
-        self.created_at = time.time()
-        self._harness = harness_identity()
-        self._state_lock = threading.Lock()
-        self._destroy_lock = threading.Lock()
-
-    @property
-    def state_path(self) -> Path:
-        return self.workdir / STATE_FILE
-
-    @property
-    def registry_path(self) -> Path:
-        return registry_path(self.tag)
 
     @classmethod
     def create(cls, run_id: str, node_names: list[str], workdir: Path | str, read_only: Iterable[Path] = (),
@@ -114,7 +94,7 @@ class DockerCluster:
         from .docker_image import ensure_image
 
         node_names = list(node_names)
-        _validate_nodes(node_names)
+        validate_nodes(node_names)
         tag = tag_for(run_id)
         workdir = Path(workdir).resolve()
         for node in node_names:
@@ -126,11 +106,8 @@ class DockerCluster:
 
         with registry_lock():
             _refuse_existing(client, tag)
-            taken = networks_in_use() + _docker_subnets(client)
-            for entry in read_registry().values():
-                with contextlib.suppress(KeyError, ValueError, TypeError):
-                    taken.append(ipaddress.ip_network(entry["subnet"]))
-            cluster = cls(run_id, tag, node_names, workdir, choose_subnet(tag, taken), client, image, host, read_only)
+            subnet = choose_subnet(tag, taken_subnets(_docker_subnets(client)))
+            cluster = cls(run_id, tag, node_names, workdir, subnet, client, image, host, read_only)
             # Registered before anything exists, so no object of ours is ever without an entry.
             cluster.save_state()
             try:
@@ -179,68 +156,18 @@ class DockerCluster:
                                          networking_config=networking, detach=True)
         api.start(container["Id"])
 
-    def state(self) -> dict:
-        return {
-            "version": 1,
-            "backend": self.backend,
-            "run_id": self.run_id,
-            "tag": self.tag,
-            "status": self.status,
-            "created_at": self.created_at,
-            "harness": self._harness,
-            "workdir": str(self.workdir),
-            "subnet": str(self.subnet),
-            "docker": {"host": self.docker_host, "network": self.network, "image": self.image},
-            "nodes": {
-                node: {"container": self.containers[node], "address": remote.address, "home": str(remote.home),
-                       "daemons": remote.daemons() if self.status == "up" else {}}
-                for node, remote in self.remotes.items()},
-        }
+    def _backend_state(self) -> dict:
+        return {"docker": {"host": self.docker_host, "network": self.network, "image": self.image},
+                "nodes": {node: {"container": self.containers[node], "address": remote.address,
+                                 "home": str(remote.home),
+                                 "daemons": remote.daemons() if self.status == "up" else {}}
+                          for node, remote in self.remotes.items()}}
 
-    def save_state(self) -> None:
-        """Write `workdir/cluster.json` and the registry entry (both atomically)."""
-        with self._state_lock:
-            state = self.state()
-            write_json_atomically(self.state_path, state)
-            if self.status != "destroyed":
-                write_json_atomically(self.registry_path, state)
-
-    def destroy(self) -> None:
-        """Remove every container (with its processes and mounts), then the network. Idempotent;
-        goes on past a failing step, then raises one `RemoteError` listing every failure (the
-        registry entry then stays, for `cleanup`)."""
-        with self._destroy_lock:
-            if self.status == "destroyed":
-                return
-            self.status = "destroying"
-            with contextlib.suppress(OSError):
-                self.save_state()
-            for remote in self.remotes.values():
-                remote._forget_all()
-            errors = remove_objects(self.client, list(self.containers.values()), [self.network])
-            if errors:
-                raise RemoteError(f"destroying cluster {self.tag} left things behind "
-                                  f"(`faultline cleanup` retries): " + "; ".join(errors))
-            self.status = "destroyed"
-            with contextlib.suppress(OSError):
-                self.save_state()
-            with contextlib.suppress(FileNotFoundError):
-                self.registry_path.unlink()
-
-    def _destroy_after_failure(self) -> None:
-        try:
-            self.destroy()
-        except Exception as exc:  # noqa: BLE001 - the error that stopped create matters more
-            log.error("could not remove the remains of cluster %s: %s", self.tag, exc)
-
-    def __enter__(self) -> "DockerCluster":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.destroy()
-
-    def __repr__(self) -> str:
-        return f"<DockerCluster {self.tag} {self.subnet} {self.status} nodes={self.nodes}>"
+    def _remove(self) -> list[str]:
+        """Remove every container (with its processes and mounts), then the network."""
+        for remote in self.remotes.values():
+            remote._forget_all()
+        return remove_objects(self.client, list(self.containers.values()), [self.network])
 
 
 def remove_objects(client, containers: list[str], networks: list[str]) -> list[str]:

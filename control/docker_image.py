@@ -44,7 +44,7 @@ def source_digest() -> str:
     """A digest of everything the node image is built from: the parts' sources, pyproject.toml
     and the files in docker/ the build reads."""
     pyproject = REPO / "pyproject.toml"
-    folders = tomllib.loads(pyproject.read_text())["tool"]["setuptools"]["package-dir"].values()
+    folders = _package_folders()
     files = [pyproject, DOCKER_DIR / "Dockerfile", DOCKER_DIR / "packages", DOCKER_DIR / "build-base"]
     for folder in sorted(folders):
         files += sorted((REPO / folder).rglob("*.py"))
@@ -55,6 +55,12 @@ def source_digest() -> str:
     for name in NODE_DEPENDENCIES:
         digest.update(f"{name}=={_version(name)}\0".encode())
     return digest.hexdigest()[:12]
+
+
+def _package_folders() -> list[str]:
+    """The folders pyproject.toml maps to faultline's packages."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())
+    return sorted(set(config["tool"]["setuptools"]["package-dir"].values()))
 
 
 def _version(name: str) -> str:
@@ -125,7 +131,15 @@ def _prepare_context(context: Path) -> None:
     wheels.mkdir()
     pins = [f"{name}=={_version(name)}" for name in NODE_DEPENDENCIES]
     (wheels / "requirements.txt").write_text("\n".join(pins) + "\n")
-    _pip("wheel", "-q", "--no-deps", "-w", str(wheels), str(REPO))
+    # From a copy of the sources: an in-tree build would leave build/ in the checkout.
+    source = context / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, source / name)
+    for folder in _package_folders():
+        shutil.copytree(REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    _pip("wheel", "-q", "--no-deps", "-w", str(wheels), str(source))
+    shutil.rmtree(source)
     _pip("wheel", "-q", "-w", str(wheels), *pins)
 
 

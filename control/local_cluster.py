@@ -27,22 +27,20 @@ import contextlib
 import ipaddress
 import logging
 import os
-import threading
-import time
 from pathlib import Path
 
 from . import forward, lazyfs
-from .iproute import delete_link, delete_namespace, ip, list_links, list_namespaces, networks_in_use
-from .names import (IFNAMSIZ, MAX_NODES, NAMESPACE_PREFIX, NODE_IFACE, NODE_RE, bridge_name, choose_subnet,
-                    namespace_name, tag_for, veth_name)
+from .cluster import STATE_FILE, RegisteredCluster, taken_subnets, validate_nodes
+from .iproute import delete_link, delete_namespace, ip, list_links, list_namespaces
+from .names import IFNAMSIZ, NAMESPACE_PREFIX, NODE_IFACE, bridge_name, choose_subnet, namespace_name, tag_for, veth_name
 from .namespace_remote import NamespaceRemote
 from .processes import kill_namespace_processes
-from .registry import harness_identity, read_registry, registry_lock, registry_path, write_json_atomically
+from .registry import registry_lock, registry_path
 from .remote import RemoteError
 
 log = logging.getLogger("faultline.control")
 
-STATE_FILE = "cluster.json"
+__all__ = ["STATE_FILE", "LocalCluster"]
 
 
 def _disable_ipv6(ifname: str) -> None:
@@ -53,19 +51,17 @@ def _disable_ipv6(ifname: str) -> None:
         path.write_text("1")
 
 
-class LocalCluster:
+class LocalCluster(RegisteredCluster):
     """Network namespaces on this machine, one per node, on one bridge. Use `create`, then `destroy`."""
+
+    backend = "local"
 
     def __init__(self, run_id: str, tag: str, node_names: list[str], workdir: Path,
                  subnet: ipaddress.IPv4Network):
-        self.run_id = run_id
-        self.tag = tag
-        self.workdir = workdir
-        self.subnet = subnet
+        super().__init__(run_id, tag, node_names, workdir, subnet)
         self.bridge = bridge_name(tag)
         hosts = list(subnet.hosts())
         self.bridge_address = str(hosts[0])
-        self.nodes = list(node_names)
         self.namespaces = {node: namespace_name(tag, node) for node in self.nodes}
         self.veths = {node: veth_name(tag, i + 1) for i, node in enumerate(self.nodes)}
         assert all(len(name) <= IFNAMSIZ for name in [self.bridge, *self.veths.values()])
@@ -73,25 +69,12 @@ class LocalCluster:
             node: NamespaceRemote(node, str(hosts[i + 1]), self.namespaces[node], workdir / node,
                                   on_change=self.save_state)
             for i, node in enumerate(self.nodes)}
-        self.status = "creating"
-        self.created_at = time.time()
-        self._harness = harness_identity()
-        self._state_lock = threading.Lock()
-        self._destroy_lock = threading.Lock()
-
-    @property
-    def state_path(self) -> Path:
-        return self.workdir / STATE_FILE
-
-    @property
-    def registry_path(self) -> Path:
-        return registry_path(self.tag)
 
     @classmethod
     def create(cls, run_id: str, node_names: list[str], workdir: Path | str) -> "LocalCluster":
         """Build the namespaces, veths and bridge for `node_names`; on any failure, remove what was built."""
         node_names = list(node_names)
-        _validate_nodes(node_names)
+        validate_nodes(node_names)
         if os.geteuid() != 0:
             raise PermissionError("the local backend creates network namespaces and links, which needs root")
         tag = tag_for(run_id)
@@ -101,12 +84,7 @@ class LocalCluster:
 
         with registry_lock():
             _refuse_existing(tag, len(node_names))
-            registry = read_registry()
-            taken = networks_in_use()
-            for entry in registry.values():
-                with contextlib.suppress(KeyError, ValueError, TypeError):
-                    taken.append(ipaddress.ip_network(entry["subnet"]))
-            cluster = cls(run_id, tag, node_names, workdir, choose_subnet(tag, taken))
+            cluster = cls(run_id, tag, node_names, workdir, choose_subnet(tag, taken_subnets()))
             # Registered before anything exists, so no object of ours is ever without an entry.
             cluster.save_state()
             try:
@@ -146,106 +124,44 @@ class LocalCluster:
         ip("-n", ns, "addr", "add", f"{remote.address}/{self.subnet.prefixlen}", "dev", NODE_IFACE)
         ip("-n", ns, "link", "set", "dev", NODE_IFACE, "up")
 
-    def state(self) -> dict:
-        return {
-            "version": 1,
-            "run_id": self.run_id,
-            "tag": self.tag,
-            "status": self.status,
-            "created_at": self.created_at,
-            "harness": self._harness,
-            "workdir": str(self.workdir),
-            "subnet": str(self.subnet),
-            "bridge": {"name": self.bridge, "address": self.bridge_address},
-            "nodes": {
-                node: {"namespace": self.namespaces[node], "veth": self.veths[node],
-                       "address": remote.address, "home": str(remote.home), "daemons": remote.daemons()}
-                for node, remote in self.remotes.items()},
-        }
+    def _backend_state(self) -> dict:
+        return {"bridge": {"name": self.bridge, "address": self.bridge_address},
+                "nodes": {node: {"namespace": self.namespaces[node], "veth": self.veths[node],
+                                 "address": remote.address, "home": str(remote.home), "daemons": remote.daemons()}
+                          for node, remote in self.remotes.items()}}
 
-    def save_state(self) -> None:
-        """Write `workdir/cluster.json` and the registry entry (both atomically)."""
-        with self._state_lock:
-            state = self.state()
-            write_json_atomically(self.state_path, state)
-            if self.status != "destroyed":
-                write_json_atomically(self.registry_path, state)
-
-    def destroy(self) -> None:
-        """Kill every process in every node's namespace, then delete namespaces, veths and the bridge.
-
-        Idempotent. Goes on past a failing step, then raises one `RemoteError`
-        listing every failure (the registry entry then stays, for `cleanup`).
-        """
-        with self._destroy_lock:
-            errors: list[str] = []
-            if self.status != "destroyed":
-                self.status = "destroying"
-                with contextlib.suppress(OSError):
-                    self.save_state()
-            for node, ns in self.namespaces.items():
-                try:
-                    killed = kill_namespace_processes(ns)
-                    if killed:
-                        log.debug("%s: killed %s", ns, killed)
-                except Exception as exc:  # noqa: BLE001 - collected and raised below
-                    errors.append(f"killing the processes in {ns}: {exc}")
-                self.remotes[node]._forget_all()
-            for mount in lazyfs.mounts_under(self.workdir):
-                try:
-                    lazyfs.unmount(mount)
-                except Exception as exc:  # noqa: BLE001
-                    errors.append(f"unmounting {mount}: {exc}")
-            for ns in self.namespaces.values():
-                try:
-                    delete_namespace(ns)
-                except Exception as exc:  # noqa: BLE001
-                    errors.append(f"deleting namespace {ns}: {exc}")
-            for link in [*self.veths.values(), self.bridge]:
-                try:
-                    delete_link(link)
-                except Exception as exc:  # noqa: BLE001
-                    errors.append(f"deleting link {link}: {exc}")
+    def _remove(self) -> list[str]:
+        """Kill every process in every node's namespace, then delete namespaces, veths, the bridge and
+        the FORWARD rule."""
+        errors: list[str] = []
+        for node, ns in self.namespaces.items():
             try:
-                forward.remove(self.tag)
+                killed = kill_namespace_processes(ns)
+                if killed:
+                    log.debug("%s: killed %s", ns, killed)
+            except Exception as exc:  # noqa: BLE001 - collected and raised by destroy
+                errors.append(f"killing the processes in {ns}: {exc}")
+            self.remotes[node]._forget_all()
+        for mount in lazyfs.mounts_under(self.workdir):
+            try:
+                lazyfs.unmount(mount)
             except Exception as exc:  # noqa: BLE001
-                errors.append(f"removing the FORWARD rule of {self.bridge}: {exc}")
-            if errors:
-                raise RemoteError(f"destroying cluster {self.tag} left things behind "
-                                  f"(`faultline cleanup` retries): " + "; ".join(errors))
-            self.status = "destroyed"
-            with contextlib.suppress(OSError):
-                self.save_state()
-            with contextlib.suppress(FileNotFoundError):
-                self.registry_path.unlink()
-
-    def _destroy_after_failure(self) -> None:
-        # The error that stopped create matters more than a failing cleanup of its remains.
+                errors.append(f"unmounting {mount}: {exc}")
+        for ns in self.namespaces.values():
+            try:
+                delete_namespace(ns)
+            except Exception as exc:  # noqa: BLE001
+                errors.append(f"deleting namespace {ns}: {exc}")
+        for link in [*self.veths.values(), self.bridge]:
+            try:
+                delete_link(link)
+            except Exception as exc:  # noqa: BLE001
+                errors.append(f"deleting link {link}: {exc}")
         try:
-            self.destroy()
+            forward.remove(self.tag)
         except Exception as exc:  # noqa: BLE001
-            log.error("could not remove the remains of cluster %s: %s", self.tag, exc)
-
-    def __enter__(self) -> "LocalCluster":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.destroy()
-
-    def __repr__(self) -> str:
-        return f"<LocalCluster {self.tag} {self.subnet} {self.status} nodes={self.nodes}>"
-
-
-def _validate_nodes(node_names: list[str]) -> None:
-    if not node_names:
-        raise ValueError("a cluster needs at least one node")
-    if len(node_names) > MAX_NODES:
-        raise ValueError(f"at most {MAX_NODES} nodes fit in one /24 with room to spare; got {len(node_names)}")
-    if len(set(node_names)) != len(node_names):
-        raise ValueError(f"node names must be unique: {node_names}")
-    for node in node_names:
-        if not NODE_RE.match(node):
-            raise ValueError(f"node name {node!r} must be 1-32 of [A-Za-z0-9_.-], starting with a letter or digit")
+            errors.append(f"removing the FORWARD rule of {self.bridge}: {exc}")
+        return errors
 
 
 def _refuse_existing(tag: str, node_count: int) -> None:
