@@ -225,16 +225,6 @@ class DockerRemote(Remote):
             time.sleep(0.02)
         return True
 
-    def _get(self, name: str) -> _Daemon | None:
-        with self._lock:
-            return self._daemons.get(name)
-
-    def _drop(self, name: str, daemon: _Daemon) -> None:
-        with self._lock:
-            if self._daemons.get(name) is daemon:
-                del self._daemons[name]
-        self._on_change()
-
     def kill(self, name: str) -> None:
         daemon = self._get(name)
         if daemon is None:

@@ -164,17 +164,6 @@ class NamespaceRemote(Remote):
             raise RemoteError(f"on {self.name}: {what} (pid {daemon.proc.pid}) did not exit after SIGKILL "
                               f"within {timeout:g}s; it may be stuck in uninterruptible sleep") from None
 
-    def _get(self, name: str) -> _Daemon | None:
-        with self._lock:
-            return self._daemons.get(name)
-
-    def _drop(self, name: str, daemon: _Daemon) -> None:
-        with self._lock:
-            # A respawn may already have replaced it.
-            if self._daemons.get(name) is daemon:
-                del self._daemons[name]
-        self._on_change()
-
     # kill and stop wait without holding the lock, so pid() of other daemons
     # (a readiness probe, say) is never blocked behind a slow shutdown.
 

@@ -169,6 +169,20 @@ class Remote(ABC):
     def close(self) -> None:
         """Release the connection to the node. Daemons keep running; the cluster's teardown ends them."""
 
+    # -- the daemons a remote remembers by name: its subclasses keep them in `_daemons`, under
+    # `_lock`, and call `_on_change` when the set changes (the cluster saves its record then).
+
+    def _get(self, name: str):
+        with self._lock:
+            return self._daemons.get(name)
+
+    def _drop(self, name: str, daemon) -> None:
+        with self._lock:
+            # A respawn may already have replaced it.
+            if self._daemons.get(name) is daemon:
+                del self._daemons[name]
+        self._on_change()
+
     def __enter__(self) -> "Remote":
         return self
 
