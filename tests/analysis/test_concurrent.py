@@ -58,10 +58,10 @@ from .conftest import by_scenario
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                                        HealthCheck.function_scoped_fixture])
 # One Spark analysis costs seconds however small the history (about 5-15 s on 2 cores), so the
-# agreement property runs one example per SPARK_SHARE examples of the profile (10 under `ci`), each
+# agreement property runs one example per SPARK_SHARE examples of the profile (8 under `ci`), each
 # a history of SPARK_BATCH scenarios: it checks at least as many scenarios as the profile's count.
-SPARK_SHARE = 20
-SPARK_BATCH = (20, 40)
+SPARK_SHARE = 25
+SPARK_BATCH = (25, 45)
 SPARK_EXAMPLES = max(2, settings.default.max_examples // SPARK_SHARE)
 
 
