@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from faultline.control import forward, wait_until
+from faultline.control import cleanup, forward, wait_until
 
 from .helpers import CLIENT, SERVER
 
@@ -71,3 +71,22 @@ def test_a_replicated_run_is_valid_on_a_host_where_docker_set_forward_to_drop(do
     results = json.loads((tmp_path / "queue" / "latest" / "results.json").read_text())
     assert results["valid"] is True and results["stats"]["by_f"]["send"]["ok"] > 50
     assert not forward.rules(), forward.rules()
+
+
+def test_cleanup_removes_a_dead_runs_forward_rule_and_no_other():
+    # A rule of ours whose run has no registry entry (its harness was SIGKILLed after the rule went
+    # in), and a rule of somebody else's in the same chain.
+    forward.allow_bridge("tdead01", "flbtdead01")
+    foreign = ["FORWARD", "-i", "flbtdead01", "-o", "flbtdead01", "-m", "comment", "--comment", "not-ours",
+               "-j", "ACCEPT"]
+    subprocess.run(["iptables", "-w", "10", "-I", *foreign], check=True)
+    try:
+        found = cleanup(tags=["tdead01"])
+        assert found.forward_rules == {"tdead01": ["-A FORWARD -i flbtdead01 -o flbtdead01 -m comment --comment "
+                                                   "faultline-tdead01 -j ACCEPT"]}
+        assert "removed FORWARD rule" in found.describe()
+        assert "tdead01" not in forward.rules()
+        assert subprocess.run(["iptables", "-w", "10", "-C", *foreign]).returncode == 0
+    finally:
+        subprocess.run(["iptables", "-w", "10", "-D", *foreign])
+        forward.remove("tdead01")
