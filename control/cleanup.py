@@ -189,20 +189,17 @@ def _docker_leftovers(registry: dict[str, dict], ours) -> tuple[list[LeftoverDoc
     hosts, required = _docker_hosts(registry)
     if not required and not _default_daemon_may_exist(hosts[-1]):
         return [], []
-    try:
-        import docker
-    except ImportError:
-        return [], ["the docker Python package is missing, so Docker leftovers cannot be looked for"]
+    from .docker_cluster import DockerUnavailable, connect
+
     found: list[LeftoverDocker] = []
     errors: list[str] = []
     for host in hosts:
         try:
-            client = docker.DockerClient(base_url=host, timeout=30)
-            client.ping()
-        except docker.errors.DockerException as exc:
+            client = connect(host)
+        except DockerUnavailable as exc:
             if host in required:
-                errors.append(f"the Docker daemon at {host}, which a run registered, does not answer ({exc}); "
-                              f"start it and run `faultline cleanup` again")
+                errors.append(f"a run registered the Docker daemon at {host}, and: {exc}; then run "
+                              f"`faultline cleanup` again")
             continue
         try:
             for c in client.api.containers(all=True, filters={"label": LABEL_RUN}):
@@ -281,14 +278,12 @@ def cleanup(dry_run: bool = False, include_live: bool = False, tags: Iterable[st
 
 
 def _remove_docker(host: str, objects: list[LeftoverDocker]) -> list[str]:
-    import docker
-
-    from .docker_cluster import remove_objects
+    from .docker_cluster import DockerUnavailable, connect, remove_objects
 
     try:
-        client = docker.DockerClient(base_url=host, timeout=60)
-    except docker.errors.DockerException as exc:
-        return [f"the Docker daemon at {host}: {exc}"]
+        client = connect(host)
+    except DockerUnavailable as exc:
+        return [str(exc)]
     try:
         return remove_objects(client, [d.name for d in objects if d.kind == "container"],
                               [d.name for d in objects if d.kind == "network"])

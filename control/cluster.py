@@ -15,6 +15,7 @@ import ipaddress
 import logging
 import threading
 import time
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Iterable
 
@@ -28,7 +29,7 @@ log = logging.getLogger("faultline.control")
 STATE_FILE = "cluster.json"
 
 
-class RegisteredCluster:
+class RegisteredCluster(ABC):
     """A run's nodes on some backend, recorded in the registry from before anything exists until
     everything is gone. Subclasses set `backend` and `remotes`, and define `_backend_state` and
     `_remove`."""
@@ -57,13 +58,13 @@ class RegisteredCluster:
     def registry_path(self) -> Path:
         return registry_path(self.tag)
 
+    @abstractmethod
     def _backend_state(self) -> dict:
         """The backend's own fields of the record: its objects' names, per node too."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _remove(self) -> list[str]:
         """Remove every object of the run, going on past failures; what could not be removed."""
-        raise NotImplementedError
 
     def state(self) -> dict:
         return {"version": 1, "backend": self.backend, "run_id": self.run_id, "tag": self.tag,

@@ -30,7 +30,7 @@ import tempfile
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Callable, Sequence
 
@@ -59,7 +59,6 @@ class _Daemon:
     pid: int
     cmd: list[str]
     log_path: Path
-    started_at: float = field(default_factory=time.time)
 
 
 def _status(code: int | None) -> int | None:
@@ -98,11 +97,10 @@ class DockerRemote(Remote):
             raise ValueError("cmd must not be empty")
         return [str(c) for c in cmd]
 
-    def _exec(self, cmd: list[str], env: dict[str, str] | None, detach: bool = False):
-        exec_id = self.api.exec_create(self.container_id, cmd, stdout=not detach, stderr=not detach,
-                                       environment={str(k): str(v) for k, v in (env or {}).items()} or None,
-                                       workdir=str(self.home))["Id"]
-        return exec_id
+    def _exec(self, cmd: list[str], env: dict[str, str] | None, detach: bool = False) -> str:
+        return self.api.exec_create(self.container_id, cmd, stdout=not detach, stderr=not detach,
+                                    environment={str(k): str(v) for k, v in (env or {}).items()} or None,
+                                    workdir=str(self.home))["Id"]
 
     def _sh(self, script: str, *args: str, timeout: float = 30) -> tuple[int, str, str]:
         """A short shell command of the harness's own (signals, probes): (status, stdout, stderr)."""
@@ -218,12 +216,12 @@ class DockerRemote(Remote):
         return code == 0
 
     def _wait_exit(self, daemon: _Daemon, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while self._running(daemon):
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.02)
-        return True
+        """Whether the daemon exited within `timeout`."""
+        try:
+            wait_until(lambda: not self._running(daemon), timeout, "exit", interval=0.02)
+            return True
+        except TimeoutError:
+            return False
 
     def kill(self, name: str) -> None:
         daemon = self._get(name)

@@ -122,10 +122,6 @@ class ZooKeeperDB:
         wait_serving(serving, timeout, f"ZooKeeper on {node} ({remote.address}:{CLIENT_PORT}) did not serve; "
                                        f"see {self.log_path(node)}", "ZooKeeper", node, self.log_path(node))
 
-    def _tail(self, node: str) -> str:
-        path = self.log_path(node)
-        return path.read_text(errors="replace")[-2000:] if path.exists() else "(no log)"
-
     def setup(self) -> None:
         for node in self.remotes:
             self.start(node)

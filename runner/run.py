@@ -148,6 +148,8 @@ def run_test(spec: TestSpec, show_progress: bool = True) -> tuple[int, Path]:
 
 def setup_paragraph(exc: BaseException, spec: TestSpec, run_dir: Path) -> str:
     """What failed while setting the run up, its likely cause and the fix, as one paragraph."""
+    from ..control.docker_cluster import DockerUnavailable
+    from ..control.docker_image import ImageError
     from ..control.remote import CommandFailed, RemoteError
     from ..db.core import ExitedWhileStarting
 
@@ -156,7 +158,7 @@ def setup_paragraph(exc: BaseException, spec: TestSpec, run_dir: Path) -> str:
     what = lines[0].rstrip(".:;")
     logs = f"{run_dir}/nodes/"
     where = "the containers on Docker" if spec.backend == "docker" else "network namespaces on this machine"
-    if type(exc).__name__ in ("DockerUnavailable", "ImageError"):
+    if isinstance(exc, (DockerUnavailable, ImageError)):
         cause_fix = ""  # their text says why and what to do
     elif isinstance(exc, ExitedWhileStarting):
         what = str(exc).splitlines()[0].split(";")[0]
