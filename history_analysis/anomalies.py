@@ -166,7 +166,7 @@ from .load import History, file_size, load_history
 from .ownership import TYPE as OWNERSHIP
 from .ownership import Call, End, overlaps, typed_entries
 from .result import SKIPPED_SHOWN, TYPES, UNEXPECTED_OPS, UNSEEN_VALUES, Analysis, unjudged_note, witness_json
-from .session import sized_for
+from .session import materialise, release, sized_for
 
 __all__ = ["TYPES", "Analysis", "analyse"]
 
@@ -282,7 +282,8 @@ _KNOWN_END = "(coalesce(CAST(known AS DECIMAL(20, 0)), -1) + 1)"
 
 
 def _facts(history: History) -> DataFrame:
-    """The events (`_events`), each with what the rules ask of its key, offset and value; persisted.
+    """The events (`_events`), each with what the rules ask of its key, offset and value;
+    materialised (session.materialise: free it with session.release).
 
     Added columns: `acked` (an acknowledged send), `lo` (the offset, for a row in the log);
     per key: `known` (the highest offset of the log), `start` ((op, process) of the last ok
@@ -315,7 +316,7 @@ def _facts(history: History) -> DataFrame:
     nexts = ", ".join(f"min(lo) OVER ({by_rank} RANGE BETWEEN {i} PRECEDING AND {i} PRECEDING)"
                       for i in range(1, SKIPPED_SHOWN + 1))
     by_value = "OVER (PARTITION BY key, value)"
-    return (
+    facts = (
         events.selectExpr("*", f"CASE WHEN {_LOG} THEN offset END AS lo")
         .selectExpr(
             "*", f"CASE WHEN lo IS NOT NULL THEN dense_rank() OVER ({desc}) END AS rank",
@@ -358,8 +359,8 @@ def _facts(history: History) -> DataFrame:
             f"max(acked AND passed IS NOT NULL) {by_value} AS passed_any",
             f"min(CASE WHEN acked AND complete AND final_end IS NOT NULL AND NOT array_contains(fvalues, value) "
             f"THEN struct(NOT completed AS late, op, pos) END) {by_value} AS first_missing")
-        .persist(StorageLevel.MEMORY_AND_DISK)
     )
+    return materialise(facts)
 
 
 def _witness(kind: str, df: DataFrame, fields: str, s1: str, s3: str, weight: str = "1") -> DataFrame:
@@ -799,9 +800,10 @@ def _analyse(spark: SparkSession, path: str, limit: int, full_dir: str | os.Path
                          for r in finals],
         )
     finally:
-        for df in (witnesses, facts):
-            if df is not None:
-                df.unpersist()
+        if witnesses is not None:
+            witnesses.unpersist()
+        if facts is not None:
+            release(facts)
         history.unpersist()
 
 

@@ -34,8 +34,9 @@ Out: a `History` with
   (non-nemesis) processes: `ops` (operations invoked), `ok`, `fail`, `info`
   (never-completed operations count as `info`).
 
-`History` unpacks as `(ops, notes)`. Its DataFrames are persisted; call
-`unpersist()` when done.
+`History` unpacks as `(ops, notes)`. Its DataFrames are kept in Spark's
+storage (`operations` materialised: session.materialise); call `unpersist()`
+when done.
 
 A malformed file raises `faultline.models.history.HistoryError` naming the
 file, the 1-based line number, the field and the problem, in the words the
@@ -72,7 +73,7 @@ from pyspark.sql import types as T
 
 from ..models import history_schema as schema
 from ..models.history import COMPLETIONS, TORN, HistoryError, line_error, one_line, read_bytes, state_error
-from .session import sized_for
+from .session import materialise, release, sized_for
 
 LINE_COLUMNS = ["line", *schema.FIELD_NAMES]
 FINAL_READS_TYPE = "ARRAY<STRUCT<key: STRING, end: BIGINT, read_to: BIGINT, outcome: STRING>>"
@@ -88,6 +89,7 @@ class History:
     lines: int = 0
     stats: dict[str, int] = field(default_factory=dict)
     _persisted: list[DataFrame] = field(default_factory=list, repr=False)
+    _materialised: list[DataFrame] = field(default_factory=list, repr=False)
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.ops, self.notes))
@@ -95,7 +97,10 @@ class History:
     def unpersist(self) -> None:
         for df in self._persisted:
             df.unpersist()
+        for df in self._materialised:
+            release(df)
         self._persisted.clear()
+        self._materialised.clear()
 
 
 def _is_local(path: str) -> bool:
@@ -444,12 +449,15 @@ def _history(path: str, state: dict[str, Any], parsed: DataFrame, paired: DataFr
         f"CAST(NULL AS {FINAL_READS_TYPE}) AS final_reads",
         "final",
     )
+    # Every question of the analysis starts from the operations: computed once, behind a short plan.
+    operations = materialise(completed.union(open_ops))
     return History(
         path=path,
         ops=paired.select(*LINE_COLUMNS),
-        operations=completed.union(open_ops),
+        operations=operations,
         notes=notes,
         lines=state["total"] - (1 if state["dropped"] is not None else 0),
         stats=stats,
         _persisted=persisted,
+        _materialised=[operations],
     )
