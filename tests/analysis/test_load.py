@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from faultline.history_analysis.load import load_history
-from faultline.models.history import HistoryError, read_history, write_history
+from faultline.models.history import HistoryError, read_history
 
 from .histories import Builder
 
@@ -268,20 +268,10 @@ def test_an_analysis_leaves_nothing_in_spark_storage(spark, tmp_path):
     analysis must free the tables it kept, or their blocks fill the driver's heap."""
     from faultline.history_analysis.anomalies import analyse
 
-    lines = [
-        {"index": 0, "time": 0, "process": 0, "type": "invoke", "f": "send",
-         "mops": [{"f": "send", "key": "t/0", "value": 1}]},
-        {"index": 1, "time": 1, "process": 0, "type": "ok", "f": "send",
-         "mops": [{"f": "send", "key": "t/0", "value": 1, "offset": 0}]},
-        {"index": 2, "time": 2, "process": 1, "type": "invoke", "f": "poll", "mops": [{"f": "poll"}]},
-        {"index": 3, "time": 3, "process": 1, "type": "ok", "f": "poll",
-         "mops": [{"f": "poll", "records": [{"key": "t/0", "offset": 0, "value": 1}]}]},
-    ]
-    path = tmp_path / "history.jsonl"
-    write_history(path, lines)
+    path = write(tmp_path / "history.jsonl", valid_lines())
     context = spark.sparkContext._jsc.sc()
     before = context.getPersistentRDDs().size()
     analysis = analyse(spark, str(path))
-    assert analysis.counts == {} and analysis.stats["ok"] == 2
+    assert analysis.stats["ops"] == 5 and analysis.counts == {}
     assert context.getPersistentRDDs().size() == before
     assert spark._jsparkSession.sharedState().cacheManager().isEmpty()
