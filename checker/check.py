@@ -44,6 +44,18 @@ def locate(path: str | Path) -> tuple[Path, Path]:
     return path.parent, path
 
 
+def history_sizes(paths: list[str | Path]) -> list[int] | None:
+    """The sizes in bytes of the histories of `paths` (store folders or history files), None when
+    one is not a local file whose size can be read: the Spark session is tuned for them."""
+    sizes = []
+    for path in paths:
+        try:
+            sizes.append(locate(path)[1].stat().st_size)
+        except OSError:
+            return None
+    return sizes
+
+
 def read_spec(directory: Path) -> dict[str, Any] | None:
     """The run's test.json beside its history, checked against its schema (models/spec_schema.py),
     or None when there is none; a SpecFileError (a ValueError) naming test.json and the field."""
@@ -107,8 +119,8 @@ def check(history: Path, model: Model, engine: str = "spark", spark=None, spark_
         from ..history_analysis.anomalies import analyse
         from ..history_analysis.session import get_session
 
-        analysis = analyse(spark or get_session(spark_master), str(history),
-                           full_dir=str(full_dir) if full_dir else None)
+        spark = spark or get_session(spark_master, inputs=history_sizes([history]))
+        analysis = analyse(spark, str(history), full_dir=str(full_dir) if full_dir else None)
     # What the history shows of its consumers and operations refines the model (rule 10 of the
     # Jepsen semantics: the consumer mode comes from the history, under any model).
     return verdict(add_cycles(analysis, full_dir=full_dir), for_history(model, analysis.stats))
@@ -135,7 +147,7 @@ def check_paths(paths: list[str | Path], spark_master: str = "local[2]", model: 
             if engine == "spark" and spark is None:
                 from ..history_analysis.session import get_session
 
-                spark = get_session(spark_master)
+                spark = get_session(spark_master, inputs=history_sizes(paths))
             results = check(history, chosen, engine, spark, spark_master, full_dir=directory / "anomalies")
             failures = harness_errors(directory)
             if failures:

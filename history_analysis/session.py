@@ -1,10 +1,11 @@
 """The SparkSession used by the analysis.
 
 In: the Spark master, the number of shuffle partitions, an application name
-(and optionally the driver memory). Out: a SparkSession with quiet logging
-(WARN) and no web UI, reused if one already runs in this process
-(getOrCreate), in which case only the runtime settings (shuffle partitions,
-adaptive execution off) are applied to it.
+(and optionally the driver memory, and the sizes of the histories the
+session is for). Out: a SparkSession with quiet logging (WARN) and no web UI,
+its JVMs tuned for the analysis (`java_options`), reused if one already runs
+in this process (getOrCreate), in which case only the runtime settings
+(shuffle partitions, adaptive execution off) are applied to it.
 
 `sized_for(spark, nbytes)`: a context in which Spark runs interpreted
 rather than compiling code, when the input is small.
@@ -22,10 +23,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
 # Spark's default log4j profile prints INFO lines at start-up, before
-# setLogLevel can run; a WARN profile given to the JVM keeps them out.
+# setLogLevel can run; a WARN profile given to the JVM keeps them out. Two
+# warnings are about Spark's own bookkeeping, nothing a user can act on: a
+# plan's text cut short for display, and the analysis freeing its checkpoints
+# on purpose (release).
 _LOG4J = """\
 rootLogger.level = warn
 rootLogger.appenderRef.stderr.ref = console
@@ -36,6 +41,10 @@ appender.console.layout.type = PatternLayout
 appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n
 logger.hadoop.name = org.apache.hadoop.util.NativeCodeLoader
 logger.hadoop.level = error
+logger.strings.name = org.apache.spark.util.SparkStringUtils
+logger.strings.level = error
+logger.checkpoint.name = org.apache.spark.rdd.MapPartitionsRDD
+logger.checkpoint.level = error
 """
 
 
@@ -48,11 +57,37 @@ def _log4j_file() -> Path:
     return path
 
 
+# Below this size compiling Spark's generated code (a hundred classes or so
+# per analysis) takes longer than running the plan interpreted.
+SMALL_INPUT_BYTES = 64 << 20
+
+
+def java_options(inputs: list[int] | None) -> list[str]:
+    """The JVM options of the analysis's driver and executors, for histories of `inputs` bytes
+    (None: unknown).
+
+    - The parallel collector: the analysis is a batch job, and G1's concurrent marking took a
+      core of the two for most of a 1M-operation check (100 s of 200), with 17 s of pauses.
+    - Huge methods compiled: Spark's generated code for the line checks and the analysis's
+      windows has methods over HotSpot's 8,000-byte limit, which it otherwise leaves to the
+      bytecode interpreter (the line checks of 1M operations: 23 s, 10 s compiled).
+    - For one small history only, the client compiler alone: its check is a few seconds of
+      planning and compiling in a cold JVM, where C2's optimisations never pay back (a default
+      run's check: 21.6 s, 17.1 s with C1). Over many analyses they do (30 such histories in
+      one call: 119.5 s, 168.8 s with C1).
+    """
+    out = ["-XX:+UseParallelGC", "-XX:-DontCompileHugeMethods"]
+    if inputs is not None and len(inputs) == 1 and inputs[0] < SMALL_INPUT_BYTES:
+        out.append("-XX:TieredStopAtLevel=1")
+    return out
+
+
 def get_session(master: str = "local[2]", shuffle_partitions: int = 4, app_name: str = "faultline-check",
-                driver_memory: str | None = None) -> SparkSession:
+                driver_memory: str | None = None, inputs: list[int] | None = None) -> SparkSession:
     """A SparkSession for the analysis; see the module docstring.
 
-    `driver_memory` (default: $FAULTLINE_SPARK_DRIVER_MEMORY or 4g) only takes
+    `driver_memory` (default: $FAULTLINE_SPARK_DRIVER_MEMORY or 4g) and
+    `inputs` (the sizes of the histories to check, None when unknown; see java_options) only take
     effect when this call starts the JVM. In local mode the driver is also
     the executor, so this is the memory the whole analysis runs in.
     """
@@ -82,7 +117,9 @@ def get_session(master: str = "local[2]", shuffle_partitions: int = 4, app_name:
         # question inside those partitions; adaptive re-planning after each
         # stage has nothing to gain there and costs a planning pass per stage.
         .config("spark.sql.adaptive.enabled", "false")
-        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{_log4j_file()}")
+        .config("spark.driver.extraJavaOptions",
+                " ".join([f"-Dlog4j2.configurationFile=file:{_log4j_file()}", *java_options(inputs)]))
+        .config("spark.executor.extraJavaOptions", " ".join(java_options(inputs)))
     )
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
@@ -91,9 +128,6 @@ def get_session(master: str = "local[2]", shuffle_partitions: int = 4, app_name:
     return spark
 
 
-# Below this size compiling Spark's generated code (a hundred classes or so
-# per analysis) takes longer than running the plan interpreted.
-SMALL_INPUT_BYTES = 64 << 20
 _INTERPRETED = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
 
 

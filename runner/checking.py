@@ -4,14 +4,20 @@ what Spark is doing.
 In: paths, the Spark master and an optional model name. Out: the `Checked`
 results of `checker.check.check_paths`, with a progress line on stderr
 (elapsed, which history, Spark's active stage and its tasks) meanwhile.
+
+`start_spark_early(master, history)`: the Spark session started in a
+background thread (for a run: while its cluster is torn down), so the check
+that follows finds it running.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
+import threading
 from pathlib import Path
 
-from ..checker.check import Checked, check_paths
+from ..checker.check import Checked, check_paths, history_sizes
 from .progress import Progress
 
 
@@ -24,6 +30,25 @@ def spark_status(spark) -> str:
     done = sum(s.numCompletedTasks for s in stages)
     total = sum(s.numTasks for s in stages)
     return f"Spark stage {max(s.stageId for s in stages)}: {done}/{total} tasks"
+
+
+def start_spark_early(spark_master: str, history: Path) -> threading.Thread:
+    """Start the check's Spark session now, in a daemon thread, tuned for `history` as it is.
+
+    The JVM takes seconds to start, time a run otherwise adds after its teardown; the check's own
+    get_session then returns this session (getOrCreate waits for one being started). A failure
+    here is only logged: the check starts the session again and reports why it cannot."""
+    def start() -> None:
+        from ..history_analysis.session import get_session
+
+        try:
+            get_session(spark_master, inputs=history_sizes([history]))
+        except Exception:  # noqa: BLE001 - the check will say it, in its own words
+            logging.getLogger("faultline.run").debug("starting Spark early failed", exc_info=True)
+
+    thread = threading.Thread(target=start, name="faultline-spark-start", daemon=True)
+    thread.start()
+    return thread
 
 
 def check_with_progress(paths: list[str | Path], spark_master: str, model: str | None,
@@ -45,5 +70,5 @@ def check_with_progress(paths: list[str | Path], spark_master: str, model: str |
     if not show_progress:
         return check_paths(paths, spark_master, model)
     with Progress(describe):
-        state["spark"] = get_session(spark_master)
+        state["spark"] = get_session(spark_master, inputs=history_sizes(paths))
         return check_paths(paths, spark_master, model, progress=note, spark=state["spark"])

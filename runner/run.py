@@ -28,7 +28,7 @@ from ..control.net import Net
 from ..models.history import HistoryWriter
 from ..models.spec import TestSpec
 from . import testmap
-from .checking import check_with_progress
+from .checking import check_with_progress, start_spark_early
 from .interpreter import Interpreter, NemesisClient
 from .progress import Progress
 from .store import create_run_dir
@@ -41,10 +41,14 @@ class Interrupted(Exception):
 
 
 def execute(test: testmap.Test, history: HistoryWriter, run_dir: Path,
-            started: Callable[[Interpreter], None] = lambda interpreter: None) -> None:
+            started: Callable[[Interpreter], None] = lambda interpreter: None,
+            finished: Callable[[], None] = lambda: None) -> None:
     """Run a test map: set its db up, make the workload's topics, run its generator through the
-    interpreter (recording `history`), and always tear the db down, its logs going to `run_dir`."""
+    interpreter (recording `history`), and always tear the db down, its logs going to `run_dir`.
+    `started` is called with the interpreter before it runs, `finished` once it has stopped (the
+    history is complete), before the teardown."""
     spec = test.spec
+    running = False
     try:
         test.db.setup()
         test.db.create_topics(spec.topic_names, spec.partitions, spec.effective_replication_factor)
@@ -53,8 +57,11 @@ def execute(test: testmap.Test, history: HistoryWriter, run_dir: Path,
                                   lambda process: test.workload.client(bootstrap, process), history,
                                   NemesisClient(test.nemeses) if test.nemeses else None)
         started(interpreter)
+        running = True
         interpreter.run()
     finally:
+        if running:
+            finished()
         test.db.teardown(run_dir)
 
 
@@ -101,7 +108,11 @@ def run_test(spec: TestSpec, show_progress: bool = True) -> tuple[int, Path]:
         cluster = testmap.create_nodes(spec, tag, workdir, say=progress.note if progress else print)
         net = Net(cluster.remotes) if "partition" in spec.nemesis else None
         test = testmap.build(spec, cluster.remotes, workdir, net)
-        execute(test, history, run_dir, lambda interpreter: state.update(interpreter=interpreter, started=True))
+        # The check's JVM starts while the nodes stop.
+        finished = ((lambda: start_spark_early(spec.spark_master, run_dir / "history.jsonl"))
+                    if spec.engine == "spark" else (lambda: None))
+        execute(test, history, run_dir, lambda interpreter: state.update(interpreter=interpreter, started=True),
+                finished)
     except (Interrupted, KeyboardInterrupt) as exc:
         interrupted = str(exc) or "interrupt"
         if progress:
