@@ -11,7 +11,7 @@ in this process (getOrCreate), in which case only the runtime settings
 rather than compiling code, when the input is small.
 
 `materialise(df)`: the DataFrame computed now and kept in the executors'
-storage (memory, then disk), as a new DataFrame whose plan is only a scan
+storage (on disk), as a new DataFrame whose plan is only a scan
 of those blocks; `release(df)` frees them.
 """
 
