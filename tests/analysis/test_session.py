@@ -17,6 +17,7 @@ from faultline.history_analysis.session import SMALL_INPUT_BYTES, java_options
 # the JVM's options and whether the check's get_session found the same session.
 _START_EARLY = """
 import json, sys
+from pathlib import Path
 from faultline.runner.checking import start_spark_early
 from faultline.history_analysis.session import get_session
 start_spark_early("local[1]", Path(sys.argv[1])).join()
