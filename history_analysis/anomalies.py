@@ -93,7 +93,8 @@ Definitions (shared/anomalies.md, made precise; reference.py is the oracle):
   poll); a `fail` operation's offsets are never in the log;
 - the log of a key: (offset, value) from records of polls of any completion
   type and from acknowledged sends; the version order: a value's position is
-  the lowest offset at which the log of its key holds it (null: nowhere);
+  the lowest offset at which the log of its key holds it (null: nowhere); a
+  send's position is its own acknowledged offset, or else its value's;
 - lost-write: an acknowledged value that no poll returned, while some `ok`
   poll returned an offset > its offset o; or else (once per key and value,
   at its first send) one that the final log of its key, complete and with a
@@ -125,10 +126,10 @@ Definitions (shared/anomalies.md, made precise; reference.py is the oracle):
   records of a key inside one operation, unless a rebalance during the
   operation (its rebalance_log) named the key;
 - int-send-skip / int-nonmonotonic-send: consecutive sends of one operation
-  (any outcome) to a key whose values both have a position, a and b:
+  (any outcome) to a key that both have a position, a and b:
   nonmonotonic if b <= a, skip if the log holds an offset in (a, b);
 - nonmonotonic-send: per process and key, its `ok` and `info` operations
-  sending to the key in order: the earlier one's last value and the later
+  sending to the key in order: the earlier one's last send and the later
   one's first both have a position, and the later position is not above;
 - the final log of a key (result.FINAL_READS): what its final chain returned
   (the last `ok` assign with seek_to_beginning naming it, then that
@@ -296,7 +297,8 @@ def _facts(history: History) -> DataFrame:
     holds there); per key and value: `was_sent`, `was_read`, `was_read_ok`, `sent_not_failed`,
     `send_op` (its first sender), `vmin`, `vmax` (the lowest and highest offset the log holds it
     at), on a send `at` (offset, rank, nexts, shared: whether the log holds another value at
-    that offset too) of the value's position in the version order (null: unknown), on a record
+    that offset too) of the send's place in the version order (its acknowledged offset, or else its
+    value's position; null: unknown), on a record
     `senders` (the operations that sent its value); for lost-write,
     `passed` (on an acknowledged send: (op, offset) of the earliest ok poll that returned a higher
     offset), `passed_any` and `first_missing` (per value: a poll passed an acknowledged send of it;
@@ -349,9 +351,13 @@ def _facts(history: History) -> DataFrame:
             f"min(CASE WHEN kind = 's' THEN op END) {by_value} AS send_op",
             # Only a value at two offsets of the log is a duplicate.
             f"min(lo) {by_value} AS vmin", f"max(lo) {by_value} AS vmax",
-            f"CASE WHEN kind = 's' THEN min(CASE WHEN lo IS NOT NULL THEN struct(lo AS offset, rank, nexts, "
-            f"omin != omax AS shared) END) "
-            f"{by_value} END AS at",
+            # A send's place in the version order: its own acknowledged offset (the log holds its
+            # value there) or else its value's position. A value sent again by a later operation
+            # (an application's resend) is placed where that operation wrote it, not where the
+            # earlier one did.
+            "CASE WHEN kind = 's' THEN coalesce(CASE WHEN lo IS NOT NULL THEN struct(lo AS offset, rank, nexts, "
+            "omin != omax AS shared) END, min(CASE WHEN lo IS NOT NULL THEN struct(lo AS offset, rank, nexts, "
+            f"omin != omax AS shared) END) {by_value}) END AS at",
             # Write-read dependencies: on a record, the operations that sent its value.
             f"CASE WHEN kind = 'r' THEN collect_set(CASE WHEN kind = 's' THEN op END) {by_value} END AS senders",
             # lost-write: an acknowledged send of the value that a poll passed; the first acknowledged
@@ -701,8 +707,8 @@ def _dependencies(facts: DataFrame) -> tuple[DataFrame, DataFrame]:
                 .agg(F.array_sort(F.collect_list(F.struct("src", "dst"))).alias("e"))
                 .selectExpr("key", f"'{kind}' AS kind", "e.src AS src", "e.dst AS dst"))
 
-    # A writer of key k: an operation of any outcome sending a value whose position is known; its
-    # position in k is the lowest of its values', and none when that offset holds another value
+    # A writer of key k: an operation of any outcome with a send whose position is known; its
+    # position in k is the lowest of its sends', and none when that offset holds another value
     # too; each to the next (by position, then operation).
     writers = (facts.filter("kind = 's' AND at IS NOT NULL").groupBy("key", "op")
                .agg(F.expr("min(struct(at.offset, at.shared))").alias("first"))

@@ -211,6 +211,13 @@ def _in_log(e: Event) -> bool:
     return e.kind == "r" or e.acked
 
 
+def _send_position(e: Event, pos: dict[tuple, int]) -> int | None:
+    """A send's position in the version order: its own acknowledged offset (the log holds its
+    value there), or else its value's position (the lowest offset the log holds it at; None:
+    nowhere). A value sent again by a later operation is placed where that one wrote it."""
+    return e.offset if e.acked else pos.get((e.key, e.value))
+
+
 def _skip_fields(log: Log, key: str, a: int, b: int) -> tuple[list[int], int]:
     inside = log.between(key, a, b)
     return inside[:SKIPPED_SHOWN], len(inside)
@@ -408,14 +415,14 @@ def _chains(evs: list[Event], ops: list[Operation], log: Log, pos: dict[tuple, i
         for op in sorted(by_op):
             es = sorted(by_op[op], key=lambda e: e.pos)
             first, last = es[0], es[-1]
-            a = pos.get((key, prev[1])) if prev is not None else None
-            b = pos.get((key, first.value))
+            a = _send_position(prev[1], pos) if prev is not None else None
+            b = _send_position(first, pos)
             if a is not None and b is not None and b <= a:
                 found.add("nonmonotonic-send", {"process": process, "key": key, "prev_offset": a,
-                                                "next_offset": b, "prev_value": prev[1],
+                                                "next_offset": b, "prev_value": prev[1].value,
                                                 "next_value": first.value, "ops": [prev[0], op]},
                           prev[0], b)
-            prev = (op, last.value)
+            prev = (op, last)
 
 
 def _within_operations(evs: list[Event], ops: list[Operation], log: Log, pos: dict[tuple, int],
@@ -458,7 +465,7 @@ def _within_operations(evs: list[Event], ops: list[Operation], log: Log, pos: di
     for (op, key), es in sends.items():
         es.sort(key=lambda e: e.pos)
         for prev, e in zip(es, es[1:]):
-            a, b = pos.get((key, prev.value)), pos.get((key, e.value))
+            a, b = _send_position(prev, pos), _send_position(e, pos)
             if a is None or b is None:
                 continue
             fields = {"process": e.process, "key": key, "op": op, "prev_offset": a, "next_offset": b,
@@ -588,13 +595,13 @@ def _dependencies(evs: list[Event], pos: dict[tuple, int],
     writer-of, readers-of, ww-graph, wr-graph). `shared`: the (key, offset) the log holds two or
     more values at."""
     writer_of: dict[tuple, set[int]] = defaultdict(set)
-    position: dict[tuple, int] = {}  # (key, op) -> position of op's writes in key
+    position: dict[tuple, int] = {}  # (key, op) -> the lowest position of op's sends to key
     nodes = set()
     for e in evs:
         if e.kind == "s" and (e.key, e.value) in pos:
             writer_of[(e.key, e.value)].add(e.op)
             nodes.add(e.op)
-            at = pos[(e.key, e.value)]
+            at = _send_position(e, pos)
             position[(e.key, e.op)] = min(position.get((e.key, e.op), at), at)
     # A writer placed at an offset that holds another value too has no place in the order.
     position = {(key, op): at for (key, op), at in position.items() if (key, at) not in shared}

@@ -1093,6 +1093,38 @@ def test_no_cycle_when_every_dependency_runs_one_way(found):
     assert found("dependencies_in_one_order")[0] == {}
 
 
+@scenario
+def resent_after_another_write(s):
+    # p's send of 1 timed out but was written at 0; q then wrote 2 at 1; r, a new session invoked
+    # after q completed, sent 1 again and was acknowledged at 2. r wrote after q: placing r at its
+    # value's lowest offset (0, p's write) would order r before q and close a false G0-realtime.
+    k, p, q, r, c = s.key(), s.process(), s.process(), s.process(), s.process()
+    first = s.send(p, [(k, 1, None)], "info")
+    s.send(q, [(k, 2, 1)])
+    again = s.send(r, [(k, 1, 2)])
+    s.assign(c, [k], seek=True)
+    s.poll(c, [(k, 0, 1), (k, 1, 2), (k, 2, 1)])
+    return {"first": first, "again": again}
+
+
+@scenario
+def resent_by_a_process_after_its_own_write(s):
+    # The same, with one process writing 2 and then resending 1: its sends are in order.
+    k, p, q, c = s.key(), s.process(), s.process(), s.process()
+    s.send(p, [(k, 1, None)], "info")
+    s.send(q, [(k, 2, 1)])
+    s.send(q, [(k, 1, 2)])
+    s.assign(c, [k], seek=True)
+    s.poll(c, [(k, 0, 1), (k, 1, 2), (k, 2, 1)])
+
+
+def test_a_resent_value_is_ordered_where_its_acknowledged_send_wrote_it(found):
+    f, ix = found("resent_after_another_write")
+    assert set(f) == {"resent-duplicate"}
+    assert [s["op"] for s in f["resent-duplicate"][0]["sends"]] == [ix["first"], ix["again"]]
+    assert set(found("resent_by_a_process_after_its_own_write")[0]) == {"resent-duplicate"}
+
+
 # --- Jepsen's Kafka semantics, rule by rule (each both ways) ------------------------------
 
 @scenario
