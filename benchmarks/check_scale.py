@@ -135,7 +135,7 @@ def measure(args: argparse.Namespace, target: Path | list[Path], n: int, engine:
     call (a list): seconds from process start to exit."""
     folders = target if isinstance(target, list) else [target.parent]
     cmd = [sys.executable, "-m", "faultline.runner.cli", "check", *map(str, folders), "--spark-master",
-           args.spark_master, "--engine", engine, "--no-progress"]
+           args.spark_master, "--engine", engine, "--no-progress", "--no-report"]
     print(f"checking {len(folders)} x {n} operations with {engine}", file=sys.stderr, flush=True)
     started = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)

@@ -4,7 +4,7 @@ In: store folders (or history files), the engine (Spark, with its master, or
 plain Python); optionally a model name that overrides the one derived from
 each run's test.json.
 Out: for each path, its results (written to results.json beside the
-history) and exit status. A checker never crashes the run: an unreadable
+history, with report.html) and exit status. A checker never crashes the run: an unreadable
 history or an analysis error becomes an `unknown` verdict with the reason.
 """
 
@@ -21,6 +21,7 @@ from ..models.history import HistoryError, one_line
 from ..models.spec import WORKLOADS
 from ..models.spec_schema import SpecFileError, read_spec_file
 from .cycles import add_cycles
+from .report import REPORT, write_report
 from .verdict import exit_status, fail_closed, unknown, verdict, write_results
 
 log = logging.getLogger("faultline.checker")
@@ -127,9 +128,10 @@ def check(history: Path, model: Model, engine: str = "spark", spark=None, spark_
 
 
 def check_paths(paths: list[str | Path], spark_master: str = "local[2]", model: str | None = None,
-                progress=None, spark=None, engine: str = "spark") -> list[Checked]:
+                progress=None, spark=None, engine: str = "spark", report: bool = True) -> list[Checked]:
     """`spark`: a session to use; by default one is started on the first readable history.
-    `engine`: "spark", or "python" (the plain-Python analysis, for histories that fit in memory)."""
+    `engine`: "spark", or "python" (the plain-Python analysis, for histories that fit in memory).
+    `report`: also write report.html into each store folder (checker.report)."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
     out = []
@@ -170,5 +172,9 @@ def check_paths(paths: list[str | Path], spark_master: str = "local[2]", model: 
             results = unknown(model_name, reason)
         if directory.is_dir():
             write_results(directory, results)
+            if report:
+                if progress:
+                    progress(f"writing {directory / REPORT}")
+                write_report(directory, results)
         out.append(Checked(directory, results))
     return out

@@ -52,9 +52,9 @@ def start_spark_early(spark_master: str, history: Path) -> threading.Thread:
 
 
 def check_with_progress(paths: list[str | Path], spark_master: str, model: str | None,
-                        show_progress: bool = True, engine: str = "spark") -> list[Checked]:
+                        show_progress: bool = True, engine: str = "spark", report: bool = True) -> list[Checked]:
     if engine != "spark":
-        return check_paths(paths, spark_master, model, engine=engine,
+        return check_paths(paths, spark_master, model, engine=engine, report=report,
                            progress=(lambda text: print(text, file=sys.stderr)) if show_progress else None)
     from ..history_analysis.session import get_session
 
@@ -68,7 +68,7 @@ def check_with_progress(paths: list[str | Path], spark_master: str, model: str |
         state["what"] = text
 
     if not show_progress:
-        return check_paths(paths, spark_master, model)
+        return check_paths(paths, spark_master, model, report=report)
     with Progress(describe):
         state["spark"] = get_session(spark_master, inputs=history_sizes(paths))
-        return check_paths(paths, spark_master, model, progress=note, spark=state["spark"])
+        return check_paths(paths, spark_master, model, progress=note, spark=state["spark"], report=report)

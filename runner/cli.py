@@ -124,7 +124,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print("faultline run: the local backend makes a network namespace per node, which needs root; "
               "run it as root (for example with sudo)", file=sys.stderr)
         return 2
-    status, _ = run_test(spec, show_progress=not args.no_progress)
+    status, _ = run_test(spec, show_progress=not args.no_progress, report=not args.no_report, junit=args.junit)
     return status
 
 
@@ -181,17 +181,40 @@ def cmd_explain_model(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from ..checker.junit import write_junit
     from ..checker.verdict import summary
     from .checking import check_with_progress
 
     if args.explain_model:
         return cmd_explain_model(args)
 
-    checked = check_with_progress(args.paths, args.spark_master, args.model, not args.no_progress, args.engine)
+    checked = check_with_progress(args.paths, args.spark_master, args.model, not args.no_progress, args.engine,
+                                  not args.no_report)
     for c in checked:
         print(summary(c.results, str(c.directory)))
+    if args.junit:
+        print(f"JUnit XML: {write_junit(args.junit, [(str(c.directory), c.results) for c in checked])}")
     statuses = {c.status for c in checked}
     return 2 if 2 in statuses else 1 if 1 in statuses else 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .serve import make_server
+
+    try:
+        server = make_server(args.store, args.host, args.port)
+    except (FileNotFoundError, OSError) as exc:
+        print(f"faultline serve: {exc}", file=sys.stderr)
+        return 2
+    host, port = server.server_address[:2]
+    print(f"faultline serve: the runs of {args.store} at http://{host}:{port}/ (Ctrl-C stops)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
 
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
@@ -287,6 +310,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--model", help="guarantee model to judge by (default: from the producer, consumer and broker "
                      "settings and the nemesis; see faultline check --explain-model)")
     run.add_argument("--no-progress", action="store_true", help="no progress line")
+    run.add_argument("--no-report", action="store_true", help="do not write report.html in the store folder")
+    run.add_argument("--junit", metavar="FILE", help="also write the verdict as JUnit XML to FILE, for CI (one "
+                     "test case: passing if valid, a failure naming the forbidden anomalies if invalid, an error "
+                     "if unknown)")
     run.set_defaults(func=cmd_run)
 
     check = sub.add_parser("check", help="check stored histories and write results.json",
@@ -307,6 +334,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="spark (default): PySpark, for histories of any size; python: the same "
                             "analysis in plain Python, in memory, quicker to start on small histories")
     check.add_argument("--no-progress", action="store_true", help="no progress line")
+    check.add_argument("--no-report", action="store_true",
+                       help="do not write report.html beside each results.json")
+    check.add_argument("--junit", metavar="FILE", help="also write the verdicts as JUnit XML to FILE, for CI (a "
+                       "test case per PATH: passing if valid, a failure naming the forbidden anomalies if invalid, "
+                       "an error if unknown)")
     check.set_defaults(func=cmd_check)
 
     repro = sub.add_parser("repro", help="rerun a stored test from its test.json",
@@ -320,6 +352,21 @@ def build_parser() -> argparse.ArgumentParser:
     repro.add_argument("--store", metavar="DIR", help="store the new run here instead (default: the old spec's)")
     repro.add_argument("--no-progress", action="store_true", help="no progress line")
     repro.set_defaults(func=cmd_repro)
+
+    serve = sub.add_parser("serve", help="browse the store's runs and their reports in a web browser",
+                           description="Serve the store over HTTP: an index of every run (newest first, with "
+                                       "its verdict, anomaly types and seed; filter with ?verdict=invalid), "
+                                       "each run's report.html and its files. Only files inside the store are "
+                                       "served.",
+                           epilog="example:\n  faultline serve\n  faultline serve --store /tmp/runs --port 9000\n"
+                                  "then open http://127.0.0.1:8080/",
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    serve.add_argument("--store", default="store", metavar="DIR", help="the store folder (default ./store)")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 shares the store "
+                            "with the network)")
+    serve.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")
+    serve.set_defaults(func=cmd_serve)
 
     clean = sub.add_parser("cleanup", help="remove namespaces, links, mounts, containers and processes an earlier "
                                            "run left",

@@ -2,7 +2,7 @@
 history -> teardown -> analysis -> verdict.
 
 In: a `TestSpec`. Out: the run's store folder (test.json, history.jsonl,
-results.json, nodes/<node>/broker.log) and the exit status of its verdict
+results.json, report.html, nodes/<node>/broker.log) and the exit status of its verdict
 (0 valid, 1 invalid, 2 unknown). Whatever happens — an error, Ctrl-C,
 SIGTERM — the network namespaces, links and processes of the run are
 removed before this returns; after a SIGKILL of the harness,
@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Callable
 
 from ..checker.check import HARNESS_ERRORS, record_harness_error
+from ..checker.junit import write_junit
+from ..checker.report import REPORT
 from ..checker.verdict import summary
 from ..control.net import Net
 from ..models.history import HistoryWriter
@@ -65,7 +67,10 @@ def execute(test: testmap.Test, history: HistoryWriter, run_dir: Path,
         test.db.teardown(run_dir)
 
 
-def run_test(spec: TestSpec, show_progress: bool = True) -> tuple[int, Path]:
+def run_test(spec: TestSpec, show_progress: bool = True, report: bool = True,
+             junit: str | Path | None = None) -> tuple[int, Path]:
+    """Run `spec` (see the module docstring); `report`: write report.html; `junit`: also write the
+    verdict as JUnit XML to this file."""
     spec = spec.with_seed()
     nodes, support_nodes = testmap.node_names(spec)
     run_dir = create_run_dir(spec)
@@ -143,18 +148,27 @@ def run_test(spec: TestSpec, show_progress: bool = True) -> tuple[int, Path]:
 
     if setup_failure is not None:
         # Nothing ran, so the verdict is unknown: results.json says so, without starting Spark.
-        check_with_progress([run_dir], spec.spark_master, spec.model, False, "python")
+        checked = check_with_progress([run_dir], spec.spark_master, spec.model, False, "python", report)[0]
+        _junit(junit, run_dir, checked.results)
         print(setup_paragraph(setup_failure, spec, run_dir), file=sys.stderr)
         return 2, run_dir
     how = f"Spark ({spec.spark_master})" if spec.engine == "spark" else "the plain-Python engine"
     print(f"checking {run_dir / 'history.jsonl'} with {how}")
-    checked = check_with_progress([run_dir], spec.spark_master, spec.model, show_progress, spec.engine)[0]
+    checked = check_with_progress([run_dir], spec.spark_master, spec.model, show_progress, spec.engine, report)[0]
+    _junit(junit, run_dir, checked.results)
     print(summary(checked.results, str(run_dir)))
+    if report and (run_dir / REPORT).exists():
+        print(f"report: {run_dir / REPORT}")
     if interrupted:
         print(f"note: the run was interrupted ({interrupted}); the verdict covers what was recorded")
     if failure:
         print(f"note: the harness failed ({failure}); its traceback is in {run_dir / HARNESS_ERRORS}")
     return checked.status, run_dir
+
+
+def _junit(path: str | Path | None, run_dir: Path, results: dict) -> None:
+    if path is not None:
+        write_junit(path, [(str(run_dir), results)])
 
 
 def setup_paragraph(exc: BaseException, spec: TestSpec, run_dir: Path) -> str:

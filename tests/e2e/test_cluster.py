@@ -12,7 +12,8 @@ import pytest
 
 from faultline.control.wait import wait_until
 from faultline.models.history import read_history
-from tests.e2e.test_run import NOTHING_LEFT, REPO, faultline, leftovers
+from tests.browser import load
+from tests.e2e.test_run import NOTHING_LEFT, REPO, REPORT_PLOTS, faultline, leftovers
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 
@@ -90,6 +91,15 @@ def test_acks_1_loses_acknowledged_writes_when_the_leader_dies(tmp_path, backend
     assert strict.returncode == 1, strict.stdout + strict.stderr
     rejudged = json.loads((run_dir / "results.json").read_text())
     assert rejudged["valid"] is False and "lost-write" in rejudged["bad_anomaly_types"], summary(rejudged)
+    # The report the check rewrote: the loss, its witness drawn against the leader kills shading every plot.
+    report = run_dir / "report.html"
+    kills = len([op for op in history if op["process"] == "nemesis" and op["f"] == "kill" and op["type"] == "info"])
+    page = load(report.as_uri(), f"report-acks-1-leader-kills-{backend}.png",
+                [*[f"#plot-{p} svg" for p in REPORT_PLOTS], *[f"[id^='{p}-fault-']" for p in REPORT_PLOTS],
+                 "[id^='witness-lost-write-'] svg"], text_of=("#verdict",))
+    assert page.console == [] and page.errors == [] and page.requests == [report.as_uri()]
+    assert {p: page.counts[f"[id^='{p}-fault-']"] for p in REPORT_PLOTS} == {p: kills for p in REPORT_PLOTS}
+    assert page.counts["[id^='witness-lost-write-'] svg"] >= 1 and page.texts["#verdict"] == "INVALID"
 
 
 def test_partitions_and_pauses_on_a_cluster_with_acks_all_stay_valid_and_heal(tmp_path):

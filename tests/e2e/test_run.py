@@ -15,6 +15,7 @@ import pytest
 from faultline.control import forward, lazyfs
 from faultline.models.history import read_history
 from faultline.control.wait import wait_until
+from tests.browser import load
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 
@@ -30,6 +31,7 @@ def ours(listing: str) -> list[str]:
     return [line for line in listing.splitlines() if "faultline" in line or " fl" in line]
 
 
+REPORT_PLOTS = ("latency", "quantiles", "throughput", "lag", "unseen")
 NOTHING_LEFT = {"namespaces": [], "links": [], "processes": [], "mounts": [], "forward_rules": [], "docker": []}
 
 
@@ -94,6 +96,14 @@ def test_healthy_run_is_valid(tmp_path):
             for m in op["mops"] for r in m.get("records", [])}
     assert acked and acked <= read
     assert leftovers() == NOTHING_LEFT
+    # Its report, as a person opens it: every plot drawn, nothing fetched, no fault to shade.
+    report = run_dir / "report.html"
+    page = load(report.as_uri(), "report-healthy-run.png",
+                [*[f"#plot-{p} svg" for p in REPORT_PLOTS], "[id^='latency-fault-']"],
+                text_of=("#verdict", "#found"))
+    assert page.console == [] and page.errors == [] and page.requests == [report.as_uri()]
+    assert page.counts == {**{f"#plot-{p} svg": 1 for p in REPORT_PLOTS}, "[id^='latency-fault-']": 0}
+    assert page.texts["#verdict"] == "VALID"
 
 
 def test_a_broker_started_under_a_clock_offset_and_strobed_stamps_the_skewed_time(tmp_path):

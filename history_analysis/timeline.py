@@ -1,0 +1,204 @@
+"""A run over time, for the report: history.jsonl -> Timeline.
+
+In: a history file (history-format.md), read line by line; it should be one the checker
+accepted (a line that is not a JSON object is skipped here, never guessed at). Out: a
+`Timeline` with
+- `ops`: every client operation (op: its completion's index, or its invocation's when it never
+  completed; process; f; type, `info` for one never completed; invoke and complete times;
+  latency), times in seconds since the history's time 0;
+- `faults`: the nemesis' faults as intervals (models.faults);
+- `throughput`: completions per second of the run, by type;
+- `quantiles`: per second of invocation, the latency quantiles of the operations that completed;
+- `lag`: Jepsen's realtime lag: for each `ok` poll or txn and each key its process had read
+  (or been assigned), how long before the poll's invocation the offset after the last one it had
+  seen was known to exist; 0 when it was not yet known then;
+- `unseen`: per key, the number of acknowledged sends that no poll had returned yet, over time
+  (a step at each acknowledgement and each first sighting).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..models.faults import Fault, fault_intervals
+
+NS = 1e9
+QUANTILES = (0.5, 0.95, 0.99, 1.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    op: int
+    process: int
+    f: str
+    type: str
+    invoke: float
+    complete: float | None
+
+    @property
+    def latency(self) -> float | None:
+        return None if self.complete is None else self.complete - self.invoke
+
+
+@dataclass(frozen=True, slots=True)
+class Lag:
+    time: float
+    process: int
+    key: str
+    lag: float
+
+
+@dataclass
+class Timeline:
+    ops: list[Op]
+    faults: list[Fault]
+    end: float
+    lag: list[Lag] = field(default_factory=list)
+    unseen: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+
+    def op(self, index: int) -> Op | None:
+        """The operation whose id (as witnesses name it) is `index`."""
+        return self._by_op.get(index)
+
+    def __post_init__(self) -> None:
+        self._by_op = {o.op: o for o in self.ops}
+
+    def throughput(self) -> dict[str, list[tuple[int, int]]]:
+        """type -> [(second, completions in it)] for every second of the run."""
+        seconds = int(math.ceil(self.end)) or 1
+        counts: dict[str, list[int]] = {t: [0] * seconds for t in ("ok", "fail", "info")}
+        for o in self.ops:
+            if o.complete is not None:
+                counts[o.type][min(int(o.complete), seconds - 1)] += 1
+        return {t: list(enumerate(c)) for t, c in counts.items()}
+
+    def quantiles(self) -> list[tuple[int, dict[float, float]]]:
+        """[(second, {q: latency})] for each second in which a completed operation was invoked;
+        q = 1.0 is the maximum. The nearest-rank quantile: the smallest latency with at least a
+        fraction q of the second's latencies at or below it."""
+        by_second: dict[int, list[float]] = defaultdict(list)
+        for o in self.ops:
+            if o.latency is not None:
+                by_second[int(o.invoke)].append(o.latency)
+        out = []
+        for second in sorted(by_second):
+            xs = sorted(by_second[second])
+            out.append((second, {q: xs[max(0, math.ceil(q * len(xs)) - 1)] for q in QUANTILES}))
+        return out
+
+
+def _mops(line: dict) -> list[dict]:
+    mops = line.get("mops")
+    return mops if isinstance(mops, list) else []
+
+
+def read_timeline(path: str | Path) -> Timeline:
+    """The timeline of the history at `path` (see the module docstring)."""
+    invoked: dict[Any, dict] = {}  # process -> its open invocation
+    ops: list[Op] = []
+    nemesis: list[tuple[str, str, float, Any]] = []
+    known: dict[str, list[tuple[int, float]]] = defaultdict(list)  # key -> (offset known to exist, when)
+    polls: list[tuple[int, float, str, Any, list[dict], dict]] = []  # for the lag, in history order
+    acked: dict[tuple, float] = {}  # (key, value) -> when first acknowledged
+    seen: dict[tuple, float] = {}  # (key, value) -> when a poll first returned it
+    end = 0.0
+    with open(path, "rb") as lines:
+        for raw in lines:
+            try:
+                line = json.loads(raw)
+            except ValueError:
+                continue
+            if not isinstance(line, dict) or not isinstance(line.get("time"), int):
+                continue
+            t = line["time"] / NS
+            end = max(end, t)
+            process, type_, f = line.get("process"), line.get("type"), line.get("f")
+            if process == "nemesis":
+                nemesis.append((type_, f, t, line.get("value")))
+                continue
+            if type_ == "invoke":
+                invoked[process] = line
+                continue
+            inv = invoked.pop(process, None)
+            if inv is None:
+                continue
+            ops.append(Op(line["index"], process, f, type_, inv["time"] / NS, t))
+            mops = _mops(line) or _mops(inv)
+            for m in mops:
+                if m.get("f") == "send" and isinstance(m.get("offset"), int) and type_ in ("ok", "info"):
+                    known[m["key"]].append((m["offset"], t))
+                    acked.setdefault((m["key"], m.get("value")), t)
+                for r in m.get("records") or () if m.get("f") == "poll" else ():
+                    known[r["key"]].append((r["offset"], t))
+                    if type_ == "ok":
+                        seen.setdefault((r["key"], r["value"]), t)
+            polls.append((process, inv["time"] / NS, type_, f, mops, {**inv, **line}))
+    for process, inv in invoked.items():
+        ops.append(Op(inv["index"], process, inv.get("f"), "info", inv["time"] / NS, None))
+    ops.sort(key=lambda o: o.op)
+    return Timeline(ops, fault_intervals(nemesis), end, _lags(polls, known), _unseen(acked, seen))
+
+
+def _lags(polls, known: dict[str, list[tuple[int, float]]]) -> list[Lag]:
+    # For offset i of key k: the earliest time some offset >= i was known to exist (Jepsen's
+    # `expired`: by then offset i - 1 was no longer the end of the log).
+    expired: dict[str, tuple[list[int], list[float]]] = {}
+    for key, events in known.items():
+        events.sort()
+        offsets = [o for o, _ in events]
+        times = [t for _, t in events]
+        for i in range(len(times) - 2, -1, -1):
+            times[i] = min(times[i], times[i + 1])
+        expired[key] = (offsets, times)
+
+    def expired_at(key: str, offset: int) -> float:
+        offsets, times = expired.get(key, ([], []))
+        i = bisect.bisect_left(offsets, offset)
+        return times[i] if i < len(times) else math.inf
+
+    positions: dict[Any, dict[str, int]] = {}  # process -> key -> highest offset it has read (-1: none)
+    out: list[Lag] = []
+    for process, invoke, type_, f, mops, line in polls:
+        if type_ != "ok":
+            continue
+        if f == "assign":
+            before = positions.get(process, {})
+            rewound = bool(line.get("seek_to_beginning"))
+            positions[process] = {k: -1 if rewound else before.get(k, -1) for k in line.get("keys") or []}
+        elif f == "subscribe":
+            positions[process] = {}
+        elif f in ("poll", "txn"):
+            mine = positions.setdefault(process, {})
+            for m in mops:
+                for r in m.get("records") or () if m.get("f") == "poll" else ():
+                    mine[r["key"]] = max(mine.get(r["key"], -1), r["offset"])
+            for key, offset in sorted(mine.items()):
+                out.append(Lag(invoke, process, key, max(0.0, invoke - expired_at(key, offset + 1))))
+    return out
+
+
+def _unseen(acked: dict[tuple, float], seen: dict[tuple, float]) -> dict[str, list[tuple[float, int]]]:
+    steps: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    for (key, value), t in acked.items():
+        steps[key].append((t, 1))
+        s = seen.get((key, value))
+        if s is not None:
+            steps[key].append((max(s, t), -1))
+    out = {}
+    for key, events in sorted(steps.items()):
+        events.sort()
+        count, series = 0, [(0.0, 0)]
+        for t, d in events:
+            count += d
+            if series[-1][0] == t:
+                series[-1] = (t, count)
+            else:
+                series.append((t, count))
+        out[key] = series
+    return out
