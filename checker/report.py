@@ -97,15 +97,18 @@ def _shade(ax, faults: list[Fault], end: float, colours: dict[str, str], label: 
                     va="top", ha="left", color=colours[x.f], clip_on=True)
 
 
-def _axes(title: str, ylabel: str, height: float = 3.2):
+def _axes(t: Timeline, colours: dict[str, str], prefix: str, title: str, ylabel: str, label: bool = False):
+    """A plot over the run's whole time, its faults shaded (SVG groups `<prefix>-fault-<i>`)."""
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(11, height))
+    fig, ax = plt.subplots(figsize=(11, 3.2))
     ax.set_title(title, fontsize=11, loc="left")
     ax.set_xlabel("time since the history began (s)", fontsize=9)
     ax.set_ylabel(ylabel, fontsize=9)
     ax.tick_params(labelsize=8)
     ax.grid(True, alpha=0.25, lw=0.5)
+    ax.set_xlim(0, max(t.end, 1e-3))
+    _shade(ax, t.faults, t.end, colours, label=label, prefix=prefix)
     return fig, ax
 
 
@@ -121,11 +124,10 @@ def _sample(items: list, key, limit: int = MAX_POINTS) -> list:
 
 
 def _latency_plot(t: Timeline, colours: dict[str, str]) -> str:
-    fig, ax = _axes("latency of every client operation", "latency (s)")
+    fig, ax = _axes(t, colours, "latency", "latency of every client operation", "latency (s)", label=True)
     done = [o for o in t.ops if o.latency is not None]
     kept = [o for o in done if o.type != "ok"] + _sample([o for o in done if o.type == "ok"], key=lambda o: o.latency,
                                                           limit=max(1000, MAX_POINTS - sum(o.type != "ok" for o in done)))
-    _shade(ax, t.faults, t.end, colours, label=True, prefix="latency")
     for type_ in ("ok", "info", "fail"):
         for f in sorted({o.f for o in kept if o.type == type_}):
             pts = [o for o in kept if o.type == type_ and o.f == f]
@@ -134,7 +136,6 @@ def _latency_plot(t: Timeline, colours: dict[str, str]) -> str:
     if kept:
         ax.set_yscale("log")
         ax.legend(fontsize=7, loc="upper right", ncol=3, markerscale=1.6)
-    ax.set_xlim(0, max(t.end, 1e-3))
     note = "" if len(kept) == len(done) else f" ({len(kept)} of {len(done)} drawn: every fail and info, the slowest ok, an even sample of the rest)"
     never = sum(o.complete is None for o in t.ops)
     note += f"; {never} operation(s) never completed (not drawn)" if never else ""
@@ -144,8 +145,7 @@ def _latency_plot(t: Timeline, colours: dict[str, str]) -> str:
 
 
 def _quantile_plot(t: Timeline, colours: dict[str, str]) -> str:
-    fig, ax = _axes("latency quantiles per second", "latency (s)")
-    _shade(ax, t.faults, t.end, colours, prefix="quantiles")
+    fig, ax = _axes(t, colours, "quantiles", "latency quantiles per second", "latency (s)")
     rows = t.quantiles()
     for q in QUANTILES:
         name = "max" if q == 1.0 else f"p{round(q * 100)}"
@@ -153,20 +153,17 @@ def _quantile_plot(t: Timeline, colours: dict[str, str]) -> str:
     if rows:
         ax.set_yscale("log")
         ax.legend(fontsize=8, loc="upper right", ncol=4)
-    ax.set_xlim(0, max(t.end, 1e-3))
     return _figure("quantiles", "Per second of invocation, the latency below which 50%, 95% and 99% of the "
                    "completed operations invoked in it finished, and the slowest.", _svg(fig))
 
 
 def _throughput_plot(t: Timeline, colours: dict[str, str]) -> str:
-    fig, ax = _axes("throughput", "completions per second")
-    _shade(ax, t.faults, t.end, colours, prefix="throughput")
+    fig, ax = _axes(t, colours, "throughput", "throughput", "completions per second")
     for type_, series in t.throughput().items():
         if any(n for _, n in series):
             ax.plot([s + 0.5 for s, _ in series], [n for _, n in series], lw=1.2, color=COLOURS[type_],
                     label=type_)
     ax.legend(fontsize=8, loc="upper right", ncol=3)
-    ax.set_xlim(0, max(t.end, 1e-3))
     return _figure("throughput", "Client operations completed in each second, by outcome.", _svg(fig))
 
 
@@ -176,8 +173,7 @@ def _top_keys(series: dict[str, Any], weight, n: int = 10) -> tuple[list[str], i
 
 
 def _lag_plot(t: Timeline, colours: dict[str, str]) -> str:
-    fig, ax = _axes("realtime lag by key", "lag (s)")
-    _shade(ax, t.faults, t.end, colours, prefix="lag")
+    fig, ax = _axes(t, colours, "lag", "realtime lag by key", "lag (s)")
     by_key: dict[str, dict[float, float]] = {}
     for x in t.lag:
         at = by_key.setdefault(x.key, {})
@@ -189,7 +185,6 @@ def _lag_plot(t: Timeline, colours: dict[str, str]) -> str:
         ax.plot([p[0] for p in pts], [p[1] for p in pts], ls="", marker=".", ms=3, label=key)
     if keys:
         ax.legend(fontsize=7, loc="upper right", ncol=4)
-    ax.set_xlim(0, max(t.end, 1e-3))
     more = f" The {others} other key(s) with smaller lag are not drawn." if others else ""
     return _figure("lag", "For each ok poll, per key its consumer had read: how long before the poll was invoked "
                    "the record after the last one it had seen was known to exist (Jepsen's realtime lag); "
@@ -197,15 +192,13 @@ def _lag_plot(t: Timeline, colours: dict[str, str]) -> str:
 
 
 def _unseen_plot(t: Timeline, colours: dict[str, str]) -> str:
-    fig, ax = _axes("unseen acknowledged messages", "messages")
-    _shade(ax, t.faults, t.end, colours, prefix="unseen")
+    fig, ax = _axes(t, colours, "unseen", "unseen acknowledged messages", "messages")
     keys, others = _top_keys(t.unseen, lambda s: max(c for _, c in s))
     for key in keys:
         series = t.unseen[key] + [(t.end, t.unseen[key][-1][1])]
         ax.step([p[0] for p in series], [p[1] for p in series], where="post", lw=1, label=key)
     if keys:
         ax.legend(fontsize=7, loc="upper right", ncol=4)
-    ax.set_xlim(0, max(t.end, 1e-3))
     more = f" The {others} other key(s) are not drawn." if others else ""
     return _figure("unseen", "Per key, the acknowledged sends that no ok poll had returned yet; what is still "
                    "unseen at the end of the run was never read." + more, _svg(fig))
