@@ -175,6 +175,6 @@ def check_paths(paths: list[str | Path], spark_master: str = "local[2]", model: 
             if report:
                 if progress:
                     progress(f"writing {directory / REPORT}")
-                write_report(directory, results)
+                write_report(directory, results, spark)
         out.append(Checked(directory, results))
     return out

@@ -27,11 +27,9 @@ from ..models.faults import Fault
 log = logging.getLogger("faultline.checker")
 
 REPORT = "report.html"
-# Beyond this many points a scatter keeps every fail and info, the slowest ok operations, and an
-# even sample of the rest: an SVG of a million points would not open.
-MAX_POINTS = 20_000
-# The timeline is built in memory (about 8 bytes of memory per byte of history): larger histories
-# are reported without plots unless FAULTLINE_REPORT_MAX_MB says otherwise.
+# The plain-Python timeline holds the history in memory (about 8 bytes per byte of history):
+# larger histories are drawn from Spark's figures (spark_timeline) when the check has a session,
+# and reported without plots otherwise, unless FAULTLINE_REPORT_MAX_MB says otherwise.
 MAX_HISTORY_MB = 128
 EXAMPLES_DRAWN = 5
 WITNESS_OPS = 12
@@ -112,22 +110,9 @@ def _axes(t: Timeline, colours: dict[str, str], prefix: str, title: str, ylabel:
     return fig, ax
 
 
-def _sample(items: list, key, limit: int = MAX_POINTS) -> list:
-    """At most `limit` of `items`: the highest `limit // 20` by key, then an even spread of the rest."""
-    if len(items) <= limit:
-        return items
-    top = sorted(items, key=key)[-(limit // 20):]
-    chosen = set(map(id, top))
-    rest = [x for x in items if id(x) not in chosen]
-    step = len(rest) / (limit - len(top))
-    return top + [rest[int(i * step)] for i in range(limit - len(top))]
-
-
 def _latency_plot(t: Timeline, colours: dict[str, str]) -> str:
     fig, ax = _axes(t, colours, "latency", "latency of every client operation", "latency (s)", label=True)
-    done = [o for o in t.ops if o.latency is not None]
-    kept = [o for o in done if o.type != "ok"] + _sample([o for o in done if o.type == "ok"], key=lambda o: o.latency,
-                                                          limit=max(1000, MAX_POINTS - sum(o.type != "ok" for o in done)))
+    kept = t.ops
     for type_ in ("ok", "info", "fail"):
         for f in sorted({o.f for o in kept if o.type == type_}):
             pts = [o for o in kept if o.type == type_ and o.f == f]
@@ -136,9 +121,9 @@ def _latency_plot(t: Timeline, colours: dict[str, str]) -> str:
     if kept:
         ax.set_yscale("log")
         ax.legend(fontsize=7, loc="upper right", ncol=3, markerscale=1.6)
-    note = "" if len(kept) == len(done) else f" ({len(kept)} of {len(done)} drawn: every fail and info, the slowest ok, an even sample of the rest)"
-    never = sum(o.complete is None for o in t.ops)
-    note += f"; {never} operation(s) never completed (not drawn)" if never else ""
+    note = "" if len(kept) == t.completed else (f" ({len(kept)} of {t.completed} drawn: the slowest, the fail and "
+                                                 f"info ones unless too many, and an even sample of the rest)")
+    note += f"; {t.never} operation(s) never completed (not drawn)" if t.never else ""
     return _figure("latency", "One point per completed client operation, at its invocation; colour: outcome (ok blue, "
                    "info orange, fail pink); shape: send circle, poll triangle, txn square, others dot. Shaded: "
                    "faults." + note, _svg(fig))
@@ -146,7 +131,7 @@ def _latency_plot(t: Timeline, colours: dict[str, str]) -> str:
 
 def _quantile_plot(t: Timeline, colours: dict[str, str]) -> str:
     fig, ax = _axes(t, colours, "quantiles", "latency quantiles per second", "latency (s)")
-    rows = t.quantiles()
+    rows = t.quantiles
     for q in QUANTILES:
         name = "max" if q == 1.0 else f"p{round(q * 100)}"
         ax.plot([s + 0.5 for s, _ in rows], [max(v[q], 1e-5) for _, v in rows], lw=1.2, marker=".", ms=3, label=name)
@@ -159,7 +144,7 @@ def _quantile_plot(t: Timeline, colours: dict[str, str]) -> str:
 
 def _throughput_plot(t: Timeline, colours: dict[str, str]) -> str:
     fig, ax = _axes(t, colours, "throughput", "throughput", "completions per second")
-    for type_, series in t.throughput().items():
+    for type_, series in t.throughput.items():
         if any(n for _, n in series):
             ax.plot([s + 0.5 for s, _ in series], [n for _, n in series], lw=1.2, color=COLOURS[type_],
                     label=type_)
@@ -180,8 +165,7 @@ def _lag_plot(t: Timeline, colours: dict[str, str]) -> str:
         at[x.time] = max(at.get(x.time, 0.0), x.lag)
     keys, others = _top_keys(by_key, lambda at: max(at.values()))
     for key in keys:
-        pts = _sample(sorted(by_key[key].items()), key=lambda p: p[1], limit=MAX_POINTS // max(1, len(keys)))
-        pts.sort()
+        pts = sorted(by_key[key].items())
         ax.plot([p[0] for p in pts], [p[1] for p in pts], ls="", marker=".", ms=3, label=key)
     if keys:
         ax.legend(fontsize=7, loc="upper right", ncol=4)
@@ -312,8 +296,15 @@ def _short(value: Any, limit: int = 160) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
-def render(directory: Path, results: dict[str, Any]) -> str:
-    """The report of the store folder `directory` whose results are `results`, as HTML."""
+def _witness_ops(results: dict[str, Any]) -> list[int]:
+    return sorted({o for kind in results.get("anomaly_types") or []
+                   for w in (results.get("anomalies", {}).get(kind) or [])[:EXAMPLES_DRAWN]
+                   for o in (w.get("ops") or [])[:WITNESS_OPS] if isinstance(o, int)})
+
+
+def render(directory: Path, results: dict[str, Any], spark=None) -> str:
+    """The report of the store folder `directory` whose results are `results`, as HTML. With a
+    Spark session, a history too large for memory is drawn from Spark's figures."""
     directory = directory.resolve()
     import matplotlib
 
@@ -333,10 +324,15 @@ def render(directory: Path, results: dict[str, Any]) -> str:
     try:
         size = history.stat().st_size if history.exists() else 0
         limit = float(os.environ.get("FAULTLINE_REPORT_MAX_MB") or MAX_HISTORY_MB)
-        if size > limit * 1e6:
-            problem = (f"the history is {size / 1e6:.0f} MB, and the plots are drawn in memory for histories up "
-                       f"to {limit:g} MB (about 280,000 operations); set FAULTLINE_REPORT_MAX_MB to draw larger "
-                       f"ones, with about 8 GB of memory per 1,000 MB")
+        if size > limit * 1e6 and spark is not None:
+            from ..history_analysis.spark_timeline import spark_timeline
+
+            timeline = spark_timeline(spark, history, _witness_ops(results))
+        elif size > limit * 1e6:
+            problem = (f"the history is {size / 1e6:.0f} MB, and without Spark the plots are drawn in memory for "
+                       f"histories up to {limit:g} MB (about 280,000 operations); check it with the Spark engine, "
+                       f"or set FAULTLINE_REPORT_MAX_MB to draw larger ones in memory, with about 8 GB of memory "
+                       f"per 1,000 MB")
         elif history.exists():
             timeline = read_timeline(history)
     except OSError as exc:
@@ -374,14 +370,15 @@ def render(directory: Path, results: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
-def write_report(directory: str | os.PathLike, results: dict[str, Any] | None = None) -> Path | None:
-    """Write `directory`/report.html; its results from results.json when not given. A report that
-    cannot be made is logged and skipped (None): it never changes the verdict or the exit status."""
+def write_report(directory: str | os.PathLike, results: dict[str, Any] | None = None, spark=None) -> Path | None:
+    """Write `directory`/report.html; its results from results.json when not given; `spark`: a
+    session for histories too large to draw in memory. A report that cannot be made is logged and
+    skipped (None): it never changes the verdict or the exit status."""
     directory = Path(directory)
     try:
         if results is None:
             results = json.loads((directory / "results.json").read_text())
-        text = render(directory, results)
+        text = render(directory, results, spark)
         path = directory / REPORT
         tmp = path.with_suffix(".html.tmp")
         tmp.write_text(text)

@@ -1,11 +1,12 @@
-"""A run over time, for the report: history.jsonl -> Timeline.
+"""A run over time, for the report: history.jsonl -> Timeline (here in plain Python, in memory;
+history_analysis.spark_timeline computes the same with Spark for histories of any size).
 
 In: a history file (history-format.md), read line by line; it should be one the checker
 accepted (a line that is not a JSON object is skipped here, never guessed at). Out: a
 `Timeline` with
-- `ops`: every client operation (op: its completion's index, or its invocation's when it never
+- `known`: every client operation (op: its completion's index, or its invocation's when it never
   completed; process; f; type, `info` for one never completed; invoke and complete times;
-  latency), times in seconds since the history's time 0;
+  latency), times in seconds since the history's time 0; `ops`: those a plot draws (drawn_ops);
 - `faults`: the nemesis' faults as intervals (models.faults);
 - `throughput`: completions per second of the run, by type;
 - `quantiles`: per second of invocation, the latency quantiles of the operations that completed;
@@ -13,7 +14,8 @@ accepted (a line that is not a JSON object is skipped here, never guessed at). O
   (or been assigned), how long before the poll's invocation the offset after the last one it had
   seen was known to exist; 0 when it was not yet known then;
 - `unseen`: per key, the number of acknowledged sends that no poll had returned yet, over time
-  (a step at each acknowledgement and each first sighting).
+  (a step at each acknowledgement and each first sighting);
+- lags and unseen steps beyond MAX_POINTS are thinned per key and time bin (bin_lags, bin_unseen).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import bisect
 import json
 import math
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,11 @@ from ..models.faults import Fault, fault_intervals
 
 NS = 1e9
 QUANTILES = (0.5, 0.95, 0.99, 1.0)
+# Series longer than this are thinned (bin_lags, bin_unseen) into BINS bins of the run's time.
+MAX_POINTS = 20_000
+BINS = 1_000
+SLOWEST = MAX_POINTS // 20
+SPREAD = 2654435761  # Knuth's multiplicative hash: op * SPREAD mod 2^32 scatters ops over 32 bits
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,41 +63,99 @@ class Lag:
 
 @dataclass
 class Timeline:
-    ops: list[Op]
-    faults: list[Fault]
+    """What the report draws. `ops`: the completed client operations to draw (drawn_ops:
+    `completed` and `never` count them all); `known`: operations by id, for the witnesses'
+    timelines (every one, or those asked for)."""
     end: float
-    lag: list[Lag] = field(default_factory=list)
-    unseen: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+    ops: list[Op]
+    completed: int
+    never: int
+    faults: list[Fault]
+    throughput: dict[str, list[tuple[int, int]]]
+    quantiles: list[tuple[int, dict[float, float]]]
+    lag: list[Lag]
+    unseen: dict[str, list[tuple[float, int]]]
+    known: dict[int, Op]
 
     def op(self, index: int) -> Op | None:
-        """The operation whose id (as witnesses name it) is `index`."""
-        return self._by_op.get(index)
+        """The operation whose id (as witnesses name it) is `index`, if known."""
+        return self.known.get(index)
 
-    def __post_init__(self) -> None:
-        self._by_op = {o.op: o for o in self.ops}
 
-    def throughput(self) -> dict[str, list[tuple[int, int]]]:
-        """type -> [(second, completions in it)] for every second of the run."""
-        seconds = int(math.ceil(self.end)) or 1
-        counts: dict[str, list[int]] = {t: [0] * seconds for t in ("ok", "fail", "info")}
-        for o in self.ops:
-            if o.complete is not None:
-                counts[o.type][min(int(o.complete), seconds - 1)] += 1
-        return {t: list(enumerate(c)) for t, c in counts.items()}
+def throughput_of(ops: list[Op], end: float) -> dict[str, list[tuple[int, int]]]:
+    """type -> [(second, completions in it)] for every second of the run."""
+    seconds = int(math.ceil(end)) or 1
+    counts: dict[str, list[int]] = {t: [0] * seconds for t in ("ok", "fail", "info")}
+    for o in ops:
+        if o.complete is not None:
+            counts[o.type][min(int(o.complete), seconds - 1)] += 1
+    return {t: list(enumerate(c)) for t, c in counts.items()}
 
-    def quantiles(self) -> list[tuple[int, dict[float, float]]]:
-        """[(second, {q: latency})] for each second in which a completed operation was invoked;
-        q = 1.0 is the maximum. The nearest-rank quantile: the smallest latency with at least a
-        fraction q of the second's latencies at or below it."""
-        by_second: dict[int, list[float]] = defaultdict(list)
-        for o in self.ops:
-            if o.latency is not None:
-                by_second[int(o.invoke)].append(o.latency)
-        out = []
-        for second in sorted(by_second):
-            xs = sorted(by_second[second])
-            out.append((second, {q: xs[max(0, math.ceil(q * len(xs)) - 1)] for q in QUANTILES}))
-        return out
+
+def quantiles_of(ops: list[Op]) -> list[tuple[int, dict[float, float]]]:
+    """[(second, {q: latency})] for each second in which a completed operation was invoked; q =
+    1.0 is the maximum. The nearest-rank quantile: the smallest latency with at least a fraction q
+    of the second's latencies at or below it."""
+    by_second: dict[int, list[float]] = defaultdict(list)
+    for o in ops:
+        if o.latency is not None:
+            by_second[int(o.invoke)].append(o.latency)
+    out = []
+    for second in sorted(by_second):
+        xs = sorted(by_second[second])
+        out.append((second, {q: xs[max(0, math.ceil(q * len(xs)) - 1)] for q in QUANTILES}))
+    return out
+
+
+def drawn_ops(ops: list[Op]) -> list[Op]:
+    """The completed operations a plot shows: all of them up to MAX_POINTS; beyond, the SLOWEST
+    slowest (by latency, then op), every fail and info one if they are at most MAX_POINTS // 4,
+    and one in `stride` of the rest: those whose multiplicative hash (op * SPREAD mod 2^32) falls
+    in the lowest 1/stride of its range (ops are not spread evenly over residues: completions of
+    two-line operations are all odd)."""
+    done = [o for o in ops if o.complete is not None]
+    if len(done) <= MAX_POINTS:
+        return done
+    slowest = {o.op for o in sorted(done, key=lambda o: (-o.latency, o.op))[:SLOWEST]}
+    others = sum(o.type != "ok" for o in done) <= MAX_POINTS // 4
+    stride = math.ceil(len(done) / (MAX_POINTS - SLOWEST))
+    return [o for o in done if o.op in slowest or (others and o.type != "ok")
+            or (o.op * SPREAD) % 2**32 * stride < 2**32]
+
+
+def bin_width(end: float) -> float:
+    """Beyond MAX_POINTS lags or unseen steps, they are kept per key and time bin of this width."""
+    return max(end, 1e-9) / BINS
+
+
+def bin_lags(lags: list[Lag], end: float) -> list[Lag]:
+    """Every lag when at most MAX_POINTS; otherwise per key and bin the worst (the earliest of
+    equals), in time order."""
+    if len(lags) <= MAX_POINTS:
+        return lags
+    w = bin_width(end)
+    worst: dict[tuple, Lag] = {}
+    for x in lags:
+        b = (x.key, int(x.time / w))
+        if b not in worst or (x.lag, -x.time) > (worst[b].lag, -worst[b].time):
+            worst[b] = x
+    return sorted(worst.values(), key=lambda x: (x.time, x.key))
+
+
+def bin_unseen(unseen: dict[str, list[tuple[float, int]]], end: float) -> dict[str, list[tuple[float, int]]]:
+    """Every step when at most MAX_POINTS in all; otherwise per key and bin the highest count,
+    at the bin's start."""
+    if sum(map(len, unseen.values())) <= MAX_POINTS:
+        return unseen
+    w = bin_width(end)
+    out = {}
+    for key, series in unseen.items():
+        top: dict[int, int] = {}
+        for t, c in series:
+            b = int(t / w)
+            top[b] = max(top.get(b, c), c)
+        out[key] = [(b * w, c) for b, c in sorted(top.items())]
+    return out
 
 
 def _mops(line: dict) -> list[dict]:
@@ -142,7 +207,10 @@ def read_timeline(path: str | Path) -> Timeline:
     for process, inv in invoked.items():
         ops.append(Op(inv["index"], process, inv.get("f"), "info", inv["time"] / NS, None))
     ops.sort(key=lambda o: o.op)
-    return Timeline(ops, fault_intervals(nemesis), end, _lags(polls, known), _unseen(acked, seen))
+    never = sum(o.complete is None for o in ops)
+    return Timeline(end, drawn_ops(ops), len(ops) - never, never, fault_intervals(nemesis), throughput_of(ops, end),
+                    quantiles_of(ops), bin_lags(_lags(polls, known), end), bin_unseen(_unseen(acked, seen), end),
+                    {o.op: o for o in ops})
 
 
 def _lags(polls, known: dict[str, list[tuple[int, float]]]) -> list[Lag]:

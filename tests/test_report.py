@@ -103,12 +103,12 @@ def test_latency_quantiles_and_throughput_per_second_worked_out_by_hand(tmp_path
     h.line(2.6, 7, "invoke", "poll", mops=[{"f": "poll"}])  # never completes
     t = read_timeline(h.write(tmp_path / "history.jsonl"))
     # nearest rank: p50 of four is the 2nd smallest, p95 and p99 the 4th
-    [(s0, q0), (s1, q1)] = t.quantiles()
+    [(s0, q0), (s1, q1)] = t.quantiles
     assert (s0, s1) == (0, 1)
     assert q0 == pytest.approx({0.5: 0.2, 0.95: 0.4, 0.99: 0.4, 1.0: 0.4})
     assert q1 == pytest.approx({0.5: 1.0, 0.95: 1.0, 0.99: 1.0, 1.0: 1.0})
     # completions at 0.1, 0.5, 0.4, 0.6 (second 0) and 2.5 (info, second 2); the history ends at 2.6
-    assert t.throughput() == {"ok": [(0, 4), (1, 0), (2, 0)], "fail": [(0, 0), (1, 0), (2, 0)],
+    assert t.throughput == {"ok": [(0, 4), (1, 0), (2, 0)], "fail": [(0, 0), (1, 0), (2, 0)],
                               "info": [(0, 0), (1, 0), (2, 1)]}
     never = t.op(h.lines[-1]["index"])
     assert (never.type, never.complete, never.latency) == ("info", None, None)
@@ -202,7 +202,8 @@ def test_a_history_too_large_to_draw_in_memory_is_reported_without_plots(tmp_pat
     [checked] = check_paths([folder], engine="python")
     text = (folder / "report.html").read_text()
     assert checked.results["valid"] is False and 'id="verdict">INVALID' in text
-    assert "No plots: the history is 0 MB, and the plots are drawn in memory for histories up to 0.001 MB" in text
+    assert ("No plots: the history is 0 MB, and without Spark the plots are drawn in memory for histories up to "
+            "0.001 MB") in text
     assert 'id="plot-' not in text and "lost-write" in text
 
 
