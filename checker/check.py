@@ -100,6 +100,37 @@ def record_harness_error(directory: Path, error: str, trace: str) -> None:
         f.write(json.dumps({"error": error, "traceback": trace}) + "\n")
 
 
+# Beside a history: what the harness achieved (harness.json: the rate asked and the rate of client
+# invocations reached in the main phase), which results.json repeats under `rate`.
+HARNESS = "harness.json"
+# A rate more than this far below the one asked is warned about: the run tested less than it said.
+SHORTFALL = 0.2
+
+
+def record_rate(directory: Path, asked: float, invocations: int, seconds: float) -> None:
+    achieved = invocations / seconds if seconds > 0 else None
+    (directory / HARNESS).write_text(json.dumps({"phase": "main", "asked": asked, "invocations": invocations,
+                                                 "seconds": round(seconds, 3),
+                                                 "achieved": None if achieved is None else round(achieved, 1)}) + "\n")
+
+
+def harness_rate(directory: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """results.json's `rate` from harness.json ({asked, achieved}, ops/s), and a warning when the
+    rate achieved fell short of the one asked by more than SHORTFALL; (None, None) without one."""
+    try:
+        found = json.loads((directory / HARNESS).read_text())
+        asked, achieved = float(found["asked"]), found.get("achieved")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, None
+    rate = {"asked": asked, "achieved": achieved}
+    if achieved is not None and achieved < (1 - SHORTFALL) * asked:
+        return rate, (f"warning: the harness invoked {achieved:g} client operations per second in the main phase, "
+                      f"{100 * achieved / asked:.0f}% of the {asked:g} asked: the run drove the system less hard "
+                      f"than its spec says (fewer clients' operations around each fault); ask for a rate it can "
+                      f"reach, or raise --concurrency")
+    return rate, None
+
+
 def harness_errors(directory: Path) -> list[str]:
     path = directory / HARNESS_ERRORS
     if not path.exists():
@@ -157,6 +188,11 @@ def check_paths(paths: list[str | Path], spark_master: str = "local[2]", model: 
                                       for e in failures])
             if note:
                 results.setdefault("notes", []).append(note)
+            rate, warning = harness_rate(directory)
+            if rate is not None:
+                results["rate"] = rate
+            if warning:
+                results.setdefault("notes", []).append(warning)
         except HistoryError as exc:
             results = unknown(model_name, f"the history could not be read: {exc}")
         except ValueError as exc:

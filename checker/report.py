@@ -91,8 +91,18 @@ def _shade(ax, faults: list[Fault], end: float, colours: dict[str, str], label: 
         ax.axvspan(x.start, x.end if x.end is not None else end, color=colours[x.f], alpha=0.13, lw=0,
                    gid=f"{prefix}-fault-{i}" if prefix else None)
         if label:
-            ax.text(x.start, 1.0, f" {x.f}", transform=ax.get_xaxis_transform(), fontsize=7,
+            ax.text(x.start, 1.0, f" {x.f}{_who(x.value)}", transform=ax.get_xaxis_transform(), fontsize=7,
                     va="top", ha="left", color=colours[x.f], clip_on=True)
+
+
+def _who(value: Any) -> str:
+    """Which nodes a fault hit (its `nodes`), or the shape of a partition, for a band's label."""
+    if not isinstance(value, dict):
+        return ""
+    nodes = value.get("nodes")
+    if isinstance(nodes, list) and nodes and all(isinstance(n, str) for n in nodes):
+        return " " + ",".join(nodes)
+    return f" ({value['shape']})" if isinstance(value.get("shape"), str) else ""
 
 
 def _axes(t: Timeline, colours: dict[str, str], prefix: str, title: str, ylabel: str, label: bool = False):
@@ -229,7 +239,8 @@ def _settings(spec: dict[str, Any]) -> str:
 
 
 def _files(directory: Path) -> str:
-    names = [n for n in ("history.jsonl", "results.json", "test.json", "clients.log", "harness-errors.jsonl")
+    names = [n for n in ("history.jsonl", "results.json", "test.json", "clients.log", "harness.json",
+                         "harness-errors.jsonl")
              if (directory / n).exists()]
     names += sorted(str(p.relative_to(directory)) for p in (directory / "anomalies").glob("*.jsonl")
                     if p.stat().st_size > 0) if (directory / "anomalies").is_dir() else []
@@ -348,7 +359,9 @@ def render(directory: Path, results: dict[str, Any], spark=None) -> str:
         f"<p>Model <b>{html.escape(str(results.get('model')))}</b>; "
         f"{stats.get('ops', 0)} client operations: {stats.get('ok', 0)} ok, {stats.get('fail', 0)} fail, "
         f"{stats.get('info', 0)} info"
-        + (f"; seed <b>{spec['seed']}</b>" if "seed" in spec else "") + ".</p>",
+        + (f"; seed <b>{spec['seed']}</b>" if "seed" in spec else "")
+        + (f"; {rate['achieved']:g} client operations/s in the main phase, of {rate['asked']:g} asked"
+           if (rate := results.get("rate") or {}).get("achieved") is not None else "") + ".</p>",
         _found_line(results),
         "".join(f'<p class="note">unknown: {html.escape(r)}</p>' for r in reasons),
         "".join(f'<p class="note">note: {html.escape(n)}</p>'

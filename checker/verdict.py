@@ -132,6 +132,9 @@ def summary(results: dict[str, Any], where: str = "") -> str:
     lines = [f"{head}{' ' + where if where else ''} (model {results['model']}; "
              f"{stats.get('ops', 0)} ops: {stats.get('ok', 0)} ok, {stats.get('fail', 0)} fail, "
              f"{stats.get('info', 0)} info)"]
+    rate = results.get("rate")
+    if rate and rate.get("achieved") is not None:
+        lines.append(f"  rate: {rate['achieved']:g} client operations/s in the main phase, of {rate['asked']:g} asked")
     for reason in results.get("unknown_reasons") or ([results["error"]] if "error" in results else []):
         lines.append(f"  unknown: {reason}")
     for t in results["anomaly_types"]:

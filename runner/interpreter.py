@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..models.history import HistoryWriter
@@ -170,9 +171,29 @@ class Worker(threading.Thread):
                 log.exception("closing the client of worker %s failed", self.thread)
 
 
+@dataclass
+class Invoked:
+    """Client invocations per phase: how many, and the first and last (seconds since the start)."""
+    count: dict[str, int] = field(default_factory=dict)
+    first: dict[str, float] = field(default_factory=dict)
+    last: dict[str, float] = field(default_factory=dict)
+
+    def add(self, phase: str, at: float) -> None:
+        self.count[phase] = self.count.get(phase, 0) + 1
+        self.first.setdefault(phase, at)
+        self.last[phase] = at
+
+    def rate(self, phase: str, now: float | None = None) -> float | None:
+        """Invocations per second in `phase`, from its first invocation to its last (or to `now`,
+        while it runs); None before there is a span to measure."""
+        n = self.count.get(phase, 0)
+        span = (now if now is not None else self.last.get(phase, 0.0)) - self.first.get(phase, 0.0)
+        return n / span if n > 1 and span > 0 else None
+
+
 class Interpreter:
     """Runs one generator to its end. `phase` names the phase of a `Phases` generator being run
-    (for progress lines); `completed` counts completions by type."""
+    (for progress lines); `invoked` counts client invocations per phase (the achieved rate)."""
 
     def __init__(self, generator, concurrency: int, make_client: Callable[[int], Any], history: HistoryWriter,
                  nemesis: NemesisClient | None = None):
@@ -192,6 +213,7 @@ class Interpreter:
             self.processes[NEMESIS] = NEMESIS
         self.phase = getattr(generator, "phase", "main")
         self.started = time.monotonic()
+        self.invoked = Invoked()
         self.since = {t: 0.0 for t in self.workers}  # seconds since the start at which each became free
 
     def _context(self, free: set) -> Context:
@@ -287,5 +309,7 @@ class Interpreter:
             free.discard(thread)
             running[thread] = (time.monotonic(), record)
             self.phase = getattr(after, "phase", self.phase)
+            if op["process"] != NEMESIS:
+                self.invoked.add(self.phase, time.monotonic() - self.started)
             gen = after.update(self._context(free), {**record, "thread": thread})
             self.workers[thread].inbox.put({**record, **{k: v for k, v in fields.items() if _private(k)}})

@@ -22,7 +22,7 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
-from ..checker.check import HARNESS_ERRORS, record_harness_error
+from ..checker.check import HARNESS_ERRORS, record_harness_error, record_rate
 from ..checker.junit import write_junit
 from ..checker.report import REPORT
 from ..checker.verdict import summary
@@ -100,8 +100,12 @@ def run_test(spec: TestSpec, show_progress: bool = True, report: bool = True,
             state["phase"], state["since"] = interpreter.phase, time.monotonic()
         c = history.counts
         done = c["ok"] + c["fail"] + c["info"]
+        rate = ""
+        if interpreter is not None and state["phase"] == "main":
+            achieved = interpreter.invoked.rate("main", time.monotonic() - interpreter.started)
+            rate = f"; {achieved:.0f} ops/s of {spec.rate:g} asked" if achieved is not None else ""
         return (f"phase {state['phase']} ({time.monotonic() - state['since']:.0f}s): {done} ops done: "
-                f"{c['ok']} ok, {c['fail']} fail, {c['info']} info")
+                f"{c['ok']} ok, {c['fail']} fail, {c['info']} info{rate}")
 
     support_note = f" + {len(support_nodes)} ZooKeeper" if support_nodes else ""
     print(f"faultline run: {spec.name}, seed {spec.seed}, {spec.nodes} broker node(s){support_note}, "
@@ -132,6 +136,10 @@ def run_test(spec: TestSpec, show_progress: bool = True, report: bool = True,
             log.debug("set-up failed", exc_info=True)
             setup_failure = exc
     finally:
+        interpreter = state["interpreter"]
+        if interpreter is not None and interpreter.invoked.count.get("main"):
+            invoked = interpreter.invoked
+            record_rate(run_dir, spec.rate, invoked.count["main"], invoked.last["main"] - invoked.first["main"])
         state["interpreter"], state["phase"], state["since"] = None, "teardown", time.monotonic()
         try:
             if cluster is not None:

@@ -173,6 +173,15 @@ def test_the_runner_drives_any_test_map_through_main_heal_and_final_phases(tmp_p
     final_values = [r["value"] for r in after[-1]["mops"][0]["records"]]
     acked = [m["value"] for o in before if o["type"] == "ok" and o["f"] == "send" for m in o["mops"]]
     assert sorted(final_values) == sorted(acked)
+    # The client invocations of each phase, and the span over which they came (the achieved rate).
+    invoked = seen[0].invoked
+    clients_in = {"main": [o for o in before if o["type"] == "invoke" and o["process"] != "nemesis"],
+                  "final": [o for o in after if o["type"] == "invoke"]}
+    assert invoked.count == {phase: len(ops) for phase, ops in clients_in.items()}
+    span = invoked.last["main"] - invoked.first["main"]
+    assert span == pytest.approx((clients_in["main"][-1]["time"] - clients_in["main"][0]["time"]) / 1e9, abs=0.05)
+    assert invoked.rate("main") == pytest.approx(len(clients_in["main"]) / span)
+    assert invoked.rate("heal") is None
 
 
 def one_send_each():

@@ -104,6 +104,28 @@ def test_healthy_run_is_valid(tmp_path):
     assert page.console == [] and page.errors == [] and page.requests == [report.as_uri()]
     assert page.counts == {**{f"#plot-{p} svg": 1 for p in REPORT_PLOTS}, "[id^='latency-fault-']": 0}
     assert page.texts["#verdict"] == "VALID"
+    # The rate reached is said beside the one asked, and warned about exactly when 20% short. (Each
+    # worker waits its random delay after its previous operation completed, and polls that find
+    # nothing take 100 ms: 3 workers reach about half of 60 ops/s.)
+    rate = results["rate"]
+    assert rate["asked"] == 60 and 0 < rate["achieved"] <= 75, rate
+    assert f"rate: {rate['achieved']:g} client operations/s in the main phase, of 60 asked" in proc.stdout
+    warned = [n for n in results.get("notes", []) if n.startswith("warning: the harness")]
+    assert len(warned) == (rate["achieved"] < 48), (rate, warned)
+
+
+def test_a_run_asked_for_more_than_it_can_do_says_the_shortfall(tmp_path):
+    store = tmp_path / "store"
+    proc = faultline("run", "--time-limit", "5", "--rate", "50000", "--concurrency", "2", "--seed", "3",
+                     "--engine", "python", "--store", str(store), "--no-progress")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = json.loads(((store / "latest").resolve() / "results.json").read_text())
+    rate = results["rate"]
+    assert rate["asked"] == 50000 and 0 < rate["achieved"] < 40000, rate
+    [warning] = [n for n in results["notes"] if n.startswith("warning: the harness")]
+    assert f"invoked {rate['achieved']:g} client operations per second in the main phase" in warning
+    assert f"note: {warning}" in proc.stdout
+    assert leftovers() == NOTHING_LEFT
 
 
 def test_a_broker_started_under_a_clock_offset_and_strobed_stamps_the_skewed_time(tmp_path):

@@ -1,0 +1,32 @@
+"""The rate a run reached, as the checker reports it: harness.json -> results.json's `rate`, and a
+warning exactly when the harness fell more than 20% short of the rate asked."""
+
+from __future__ import annotations
+
+import pytest
+
+from faultline.checker.check import HARNESS, harness_rate, record_rate
+from faultline.checker.verdict import summary
+
+
+@pytest.mark.parametrize("invocations, warned", [(800, False), (799, True), (2000, False)])
+def test_a_shortfall_of_more_than_a_fifth_is_warned_about(tmp_path, invocations, warned):
+    record_rate(tmp_path, 100.0, invocations, 10.0)
+    rate, warning = harness_rate(tmp_path)
+    assert rate == {"asked": 100.0, "achieved": invocations / 10}
+    assert (warning is not None) == warned
+    if warned:
+        assert warning.startswith("warning: the harness invoked 79.9 client operations per second in the main "
+                                  "phase, 80% of the 100 asked")
+
+
+def test_no_rate_without_a_readable_harness_json(tmp_path):
+    assert harness_rate(tmp_path) == (None, None)
+    (tmp_path / HARNESS).write_text("{not json")
+    assert harness_rate(tmp_path) == (None, None)
+
+
+def test_the_summary_says_the_rate_beside_the_one_asked():
+    results = {"valid": True, "model": "exactly-once", "anomaly_types": [], "bad_anomaly_types": [], "counts": {},
+               "anomalies": {}, "stats": {"ops": 10, "ok": 10}, "rate": {"asked": 5000.0, "achieved": 159.2}}
+    assert "  rate: 159.2 client operations/s in the main phase, of 5000 asked" in summary(results).splitlines()
