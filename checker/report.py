@@ -232,8 +232,10 @@ def _settings(spec: dict[str, Any]) -> str:
         if spec.get(name) not in (None, [], {}):
             rows.append((name, spec[name]))
     for name in ("producer", "consumer", "broker_settings"):
-        if spec.get(name):
+        if isinstance(spec.get(name), dict) and spec[name]:
             rows.append((name, ", ".join(f"{k}={v}" for k, v in spec[name].items())))
+        elif spec.get(name):
+            rows.append((name, spec[name]))
     return '<div class="settings">' + "".join(f"<span><b>{html.escape(str(k))}</b> {html.escape(str(v))}</span>"
                                               for k, v in rows) + "</div>"
 
@@ -397,8 +399,9 @@ def write_report(directory: str | os.PathLike, results: dict[str, Any] | None = 
         tmp.write_text(text)
         tmp.replace(path)
         return path
-    except Exception:  # noqa: BLE001 - the report is a view of the verdict, never a reason to lose it
-        log.warning("could not write %s", directory / REPORT, exc_info=True)
+    except Exception as exc:  # noqa: BLE001 - the report is a view of the verdict, never a reason to lose it
+        log.warning("could not write %s: %s: %s", directory / REPORT, type(exc).__name__, exc)
+        log.debug("writing the report failed", exc_info=True)
         return None
 
 

@@ -245,6 +245,23 @@ class TestSpec:
         return cls(**data)
 
 
+def spec_from_fields(fields: dict[str, Any]) -> TestSpec:
+    """A spec from fields as a TOML file gives them (`faultline run --config`, a claim's sides):
+    the given client settings over the workload's and the defaults', the workload's name as the
+    test's unless one is given; a SpecError for an unknown workload or field."""
+    fields = dict(fields)
+    workload = fields.setdefault("workload", "queue")
+    if workload not in WORKLOADS:
+        raise SpecError(f"workload {workload!r} is unknown; choose one of {', '.join(WORKLOADS)}")
+    fields.setdefault("name", workload)
+    traits = WORKLOADS[workload]
+    strings = lambda name: {k: str(v) for k, v in (fields.pop(name, None) or {}).items()}  # noqa: E731
+    producer = {**DEFAULT_PRODUCER, **traits.producer, **strings("producer")}
+    consumer = {**DEFAULT_CONSUMER, **traits.consumer, **strings("consumer")}
+    return TestSpec.from_json({**fields, "producer": producer, "consumer": consumer,
+                               "broker_settings": strings("broker_settings")})
+
+
 def load_toml(path: str | Path) -> dict[str, Any]:
     """Spec fields from a TOML file; dashes in names are accepted for underscores."""
     try:

@@ -56,23 +56,14 @@ valid, 1 when any is invalid, 2 when any is unknown or could not be read.
 
 
 def _spec_from_args(args: argparse.Namespace):
-    from ..models.spec import DEFAULT_CONSUMER, DEFAULT_PRODUCER, SpecError, TestSpec, load_toml, parse_settings
+    from ..models.spec import SpecError, load_toml, parse_settings, spec_from_fields
 
     fields = load_toml(args.config) if args.config else {}
     if args.workload is not None:
         fields["workload"] = args.workload
-    workload = fields.setdefault("workload", "queue")
-    if workload not in WORKLOAD_TRAITS:
-        raise SpecError(f"workload {workload!r} is unknown; choose one of {', '.join(WORKLOAD_TRAITS)}")
-    fields.setdefault("name", workload)
-    producer = {**DEFAULT_PRODUCER, **WORKLOAD_TRAITS[workload].producer}
-    producer.update({k: str(v) for k, v in fields.pop("producer", {}).items()})
-    consumer = {**DEFAULT_CONSUMER, **WORKLOAD_TRAITS[workload].consumer}
-    consumer.update({k: str(v) for k, v in fields.pop("consumer", {}).items()})
-    broker = {k: str(v) for k, v in fields.pop("broker_settings", {}).items()}
-    producer.update(parse_settings(args.producer, "--producer"))
-    consumer.update(parse_settings(args.consumer, "--consumer"))
-    broker.update(parse_settings(args.broker_set, "--broker-set"))
+    for name, given, flag in (("producer", args.producer, "--producer"), ("consumer", args.consumer, "--consumer"),
+                              ("broker_settings", args.broker_set, "--broker-set")):
+        fields[name] = {**(fields.get(name) or {}), **parse_settings(given, flag)}
     for name in ("name", "nodes", "zookeeper_nodes", "time_limit", "final_time_limit", "rate", "concurrency", "seed", "topics",
                  "partitions", "replication_factor", "nemesis_interval", "store", "spark_master", "engine",
                  "model", "backend"):
@@ -91,7 +82,7 @@ def _spec_from_args(args: argparse.Namespace):
     if offsets:
         fields["clock_offsets"] = offsets
     _kafka_fields(args, fields)
-    return TestSpec(**fields, producer=producer, consumer=consumer, broker_settings=broker)
+    return spec_from_fields(fields)
 
 
 def _kafka_fields(args: argparse.Namespace, fields: dict) -> None:
