@@ -9,6 +9,8 @@ import argparse
 import logging
 import os
 import sys
+import time
+from pathlib import Path
 
 from ..broker import main as broker_main
 from ..models.spec import WORKLOADS as WORKLOAD_TRAITS
@@ -208,6 +210,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_claims(args: argparse.Namespace) -> int:
+    from ..models.claims import ClaimError, load_claims
+    from ..models.spec import SpecError
+    from .claims import QUICK_SEEDS, exit_status, markdown, run_claims, system_names, write_outputs
+
+    if os.geteuid() != 0:
+        print("faultline claims: the runs make a network namespace per node, which needs root; run it as root",
+              file=sys.stderr)
+        return 2
+    try:
+        claims = load_claims(only=args.only)
+    except (ClaimError, SpecError) as exc:
+        print(f"faultline claims: {exc}", file=sys.stderr)
+        return 2
+    seeds = args.seeds if args.seeds is not None else QUICK_SEEDS if args.quick else 20
+    out = Path(args.store) / "claims" / time.strftime("%Y%m%dT%H%M%S")
+    systems = system_names(args.db, args.kafka_version or ["4.3.1"])
+    print(f"faultline claims: {len(claims)} claim(s) on {', '.join(s if v is None else f'kafka {v}' for s, v in systems)}, "
+          f"{seeds} seed(s) each{' (quick)' if args.quick else ''}; results in {out}", flush=True)
+    rows = run_claims(claims, systems, seeds, args.quick, out, say=lambda text: print(text, flush=True))
+    write_outputs(rows, seeds, out)
+    print(markdown(rows, seeds))
+    print(f"tables: {out / 'claims.md'}, {out / 'claims.html'}")
+    return exit_status(rows)
+
+
 def cmd_cleanup(args: argparse.Namespace) -> int:
     from ..control.cleanup import cleanup
 
@@ -358,6 +386,30 @@ def build_parser() -> argparse.ArgumentParser:
                             "with the network)")
     serve.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")
     serve.set_defaults(func=cmd_serve)
+
+    claims = sub.add_parser("claims", help="run the documented claims about Kafka's reliability as experiments",
+                            description="Each claim (models/claims/*.toml) is an experiment: an unsafe configuration "
+                                        "expected to show an anomaly, a safe one expected not to, a fault schedule. "
+                                        "Each configuration runs over N seeds on each system; the table says, per "
+                                        "claim and system, CONFIRMED (reproduced and held), CONTRADICTED (the safe "
+                                        "side showed the anomaly) or UNDECIDED, with the first witness run.",
+                            epilog="examples:\n  faultline claims --quick\n"
+                                   "  faultline claims --db both --kafka-version 3.9.1 --kafka-version 4.3.1\n"
+                                   "  faultline claims --only acks-1-loses-on-leader-death --seeds 5\n\n"
+                                   "Writes store/claims/<timestamp>/claims.md, claims.html and claims.json; every "
+                                   "run is a normal store folder below it. Exit status 1 when a claim is "
+                                   "contradicted.",
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    claims.add_argument("--db", choices=("reference", "kafka", "both"), default="reference",
+                        help="the systems to run on (default reference: faultline's own broker)")
+    claims.add_argument("--kafka-version", action="append", metavar="V",
+                        help="Apache Kafka version(s) for --db kafka/both (repeat for several; default 4.3.1)")
+    claims.add_argument("--seeds", type=int, metavar="N", help="seeds per configuration (default 20; 1 with --quick)")
+    claims.add_argument("--only", action="append", metavar="NAME", help="run only this claim (repeatable)")
+    claims.add_argument("--quick", action="store_true",
+                        help="shorter runs (each claim's [quick] settings) and one seed: for CI")
+    claims.add_argument("--store", default="store", metavar="DIR", help="the store folder (default ./store)")
+    claims.set_defaults(func=cmd_claims)
 
     clean = sub.add_parser("cleanup", help="remove namespaces, links, mounts, containers and processes an earlier "
                                            "run left",

@@ -1,0 +1,144 @@
+"""`faultline claims`: the claim files, the judging of sides and claims, and the tables, with the
+runs given by hand (tests/e2e/test_claims.py runs a claim for real)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from faultline.models.claims import (CONFIRMED, CONTRADICTED, HELD, NA, NOT_REPRODUCED, REPRODUCED, UNDECIDED,
+                                     VIOLATED, ClaimError, Side, judge_claim, judge_side, load_claim, load_claims)
+from faultline.models.spec import spec_from_fields
+from faultline.runner import testmap
+from faultline.runner.claims import exit_status, markdown, run_claims, system_names, write_outputs
+
+UNSAFE = Side("unsafe", {}, ("lost-write", "unseen"), True)
+SAFE = Side("safe", {}, ("lost-write",), False)
+
+
+def results(valid, *kinds):
+    return {"valid": valid, "anomaly_types": list(kinds)}
+
+
+@pytest.mark.parametrize("system, version", [("reference", None), ("kafka", "3.9.1"), ("kafka", "4.3.1")])
+def test_every_claim_plans_valid_runs_on_every_system(system, version):
+    claims = load_claims()
+    assert len(claims) >= 10
+    for claim in claims:
+        for quick in (False, True):
+            plan = claim.plan(system, version, quick)
+            assert bool(plan.na) != bool(plan.sides), (claim.name, system)
+            for side in plan.sides:
+                spec = spec_from_fields({**side.fields, "seed": 1})
+                testmap.validate(spec)
+                assert spec.broker == system and (version is None or spec.kafka_version == version)
+                assert side.anomalies
+
+
+def test_a_side_table_of_fields_merges_key_by_key_and_quick_shortens():
+    claim = load_claim(Path("models/claims/acks-1-loses-on-leader-death.toml"))
+    unsafe, safe = claim.plan("kafka", "4.3.1").sides
+    assert unsafe.fields["producer"] == {"message.timeout.ms": "12000", "request.timeout.ms": "8000", "acks": "1",
+                                         "enable.idempotence": "false"}
+    assert safe.fields["broker_settings"] == {"replica.fetch.wait.max.ms": "2000",
+                                              "replica.fetch.min.bytes": "100000000", "min.insync.replicas": "2"}
+    assert (unsafe.fields["rate"], claim.plan("reference").sides[0].fields["rate"]) == (80, 3000)
+    assert claim.plan("reference", quick=True).sides[0].fields["time_limit"] == 20
+
+
+def test_a_version_can_take_a_claim_out_with_its_reason():
+    claim = load_claim(Path("models/claims/unclean-election-trades-loss.toml"))
+    assert claim.plan("kafka", "4.3.1").na.startswith("Kafka 4.x runs KRaft only")
+    assert claim.plan("kafka", "3.9.1").sides[0].fields["kafka_mode"] == "zookeeper"
+    assert load_claim(Path("models/claims/hw-truncation-loses.toml")).plan("kafka", "4.3.1").na.startswith(
+        "Apache Kafka truncates by leader epoch")
+
+
+@pytest.mark.parametrize("side, runs, verdict, showing, first", [
+    (UNSAFE, [results(True), results(True, "unseen"), results(False, "lost-write")], REPRODUCED, 2, 1),
+    (UNSAFE, [results(True), results(True, "duplicate")], NOT_REPRODUCED, 0, None),
+    # an unknown run's anomalies do not reproduce a claim
+    (UNSAFE, [results("unknown", "lost-write"), results(True)], NOT_REPRODUCED, 0, None),
+    (SAFE, [results(True), results(True, "unseen")], HELD, 0, None),
+    (SAFE, [results(True), results("unknown")], UNDECIDED, 0, None),
+    # a clean side's anomaly counts whatever the run's verdict
+    (SAFE, [results(True), results("unknown", "lost-write")], VIOLATED, 1, 1),
+])
+def test_a_side_is_judged_over_its_seeds(side, runs, verdict, showing, first):
+    outcome = judge_side(side, runs)
+    assert (outcome.verdict, outcome.showing, outcome.first, outcome.runs) == (verdict, showing, first, len(runs))
+
+
+@pytest.mark.parametrize("unsafe, safe, verdict", [
+    (REPRODUCED, HELD, CONFIRMED), (REPRODUCED, VIOLATED, CONTRADICTED), (NOT_REPRODUCED, VIOLATED, CONTRADICTED),
+    (NOT_REPRODUCED, HELD, UNDECIDED), (REPRODUCED, UNDECIDED, UNDECIDED), (None, HELD, CONFIRMED),
+    (None, UNDECIDED, UNDECIDED)])
+def test_a_claim_is_confirmed_only_when_reproduced_and_held(unsafe, safe, verdict):
+    from faultline.models.claims import Outcome
+
+    sides = {"safe": (SAFE, Outcome(safe, 0, 1, 1, None))}
+    if unsafe:
+        sides["unsafe"] = (UNSAFE, Outcome(unsafe, 1, 1, 1, 0))
+    assert judge_claim(sides) == verdict
+
+
+@pytest.mark.parametrize("text, message", [
+    ('claim = "x"\nsource = "y"\nsystems = ["reference"]\n', "no [unsafe] or [safe] table"),
+    ('claim = "x"\nsource = "y"\nsystems = ["reference"]\n[safe]\nforbid = ["lost-writes"]\n',
+     "[safe] names lost-writes: give types of models/anomaly_types.py"),
+    ('claim = "x"\nsource = "y"\nsystems = ["redpanda"]\n[safe]\nforbid = ["lost-write"]\n',
+     "systems must list some of reference, kafka"),
+    ('source = "y"\nsystems = ["reference"]\n[safe]\nforbid = ["lost-write"]\n', "claim must be a str"),
+    ("claim = \n", "cannot be read as TOML"),
+])
+def test_a_bad_claim_file_says_what_and_where(tmp_path, text, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ClaimError) as err:
+        load_claim(path)
+    assert str(err.value).startswith(f"{path}: ") and message in str(err.value)
+
+
+def test_runs_are_judged_tabled_and_a_contradiction_fails(tmp_path):
+    claims = load_claims(only=["acks-1-loses-on-leader-death", "hw-truncation-loses"])
+    # What the runs showed, by test name and seed: acks=1 loses on seed 2 only; the safe sides are
+    # clean except hw-truncation's, which loses on seed 1.
+    shown = {("acks-1-loses-on-leader-death-unsafe-reference", 2): ["lost-write"],
+             ("hw-truncation-loses-unsafe-reference", 1): ["inconsistent-offsets"],
+             ("hw-truncation-loses-unsafe-reference", 2): ["lost-write"],
+             ("hw-truncation-loses-safe-reference", 1): ["lost-write"]}
+    specs = []
+
+    def run(spec):
+        specs.append(spec)
+        folder = Path(spec.store) / spec.name / f"seed{spec.seed}"
+        folder.mkdir(parents=True)
+        kinds = shown.get((spec.name, spec.seed), [])
+        (folder / "results.json").write_text(json.dumps({"valid": not kinds, "anomaly_types": kinds}))
+        return (0 if not kinds else 1), folder
+
+    out = tmp_path / "claims"
+    said = []
+    rows = run_claims(claims, system_names("both", ["4.3.1"]), 2, False, out, run=run, say=said.append)
+    assert [(r.claim.name, r.system, r.verdict) for r in rows] == [
+        ("acks-1-loses-on-leader-death", "reference", CONFIRMED), ("acks-1-loses-on-leader-death", "kafka 4.3.1",
+                                                                   UNDECIDED),
+        ("hw-truncation-loses", "reference", CONTRADICTED), ("hw-truncation-loses", "kafka 4.3.1", NA)]
+    assert len(specs) == 12 and said[0] == "[1/12] acks-1-loses-on-leader-death on reference, unsafe side, seed 1"
+    assert {s.seed for s in specs} == {1, 2} and all(s.store == str(out / "runs") for s in specs)
+    write_outputs(rows, 2, out)
+    table = (out / "claims.md").read_text()
+    assert ("| acks-1-loses-on-leader-death | reference | REPRODUCED: lost-write or unseen in 1 of 2 seeds | HELD: "
+            "lost-write or unseen in 0 of 2 seeds | **CONFIRMED** | `faultline repro "
+            f"{out}/runs/acks-1-loses-on-leader-death-unsafe-reference/seed2` |") in table
+    assert ("| hw-truncation-loses | reference | REPRODUCED: lost-write or inconsistent-offsets or reused-offset in "
+            "2 of 2 seeds | VIOLATED: lost-write or inconsistent-offsets or reused-offset in 1 of 2 seeds | "
+            f"**CONTRADICTED** | `faultline repro {out}/runs/hw-truncation-loses-safe-reference/seed1` |") in table
+    assert "| hw-truncation-loses | kafka 4.3.1 | n/a | n/a | n/a: Apache Kafka truncates by leader epoch" in table
+    data = json.loads((out / "claims.json").read_text())
+    assert [d["verdict"] for d in data] == [CONFIRMED, UNDECIDED, CONTRADICTED, NA]
+    assert "<table id='claims'>" in (out / "claims.html").read_text()
+    assert exit_status(rows) == 1 and exit_status(rows[:2]) == 0
+    assert markdown(rows, 2) == table
