@@ -17,6 +17,7 @@ import html
 import io
 import json
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,6 @@ REPORT = "report.html"
 # larger histories are drawn from Spark's figures (spark_timeline) when the check has a session,
 # and reported without plots otherwise, unless FAULTLINE_REPORT_MAX_MB says otherwise.
 MAX_HISTORY_MB = 128
-EXAMPLES_DRAWN = 5
 WITNESS_OPS = 12
 COLOURS = {"ok": "#3b82c4", "fail": "#e0457b", "info": "#f0a030"}
 MARKERS = {"send": "o", "poll": "^", "txn": "s"}
@@ -198,31 +198,56 @@ def _unseen_plot(t: Timeline, colours: dict[str, str]) -> str:
                    "unseen at the end of the run was never read." + more, _svg(fig))
 
 
+def _ticks(lo: float, hi: float, n: int = 6) -> list[float]:
+    """Round tick positions within [lo, hi]."""
+    raw = (hi - lo) / n
+    step = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1.0
+    step = next(m * step for m in (1, 2, 5, 10) if m * step >= raw)
+    return [i * step for i in range(math.ceil(lo / step), math.floor(hi / step) + 1)]
+
+
 def _witness_plot(t: Timeline, ops: list[int], colours: dict[str, str], plot_id: str) -> str:
-    found = [t.op(o) for o in ops[:WITNESS_OPS]]
-    found = [o for o in found if o is not None]
+    """A witness's operations as bars from invocation to completion (one row each, coloured by
+    outcome) over the faults of their time: SVG written directly (one per example: matplotlib
+    would take a tenth of a second each)."""
+    found = [o for o in (t.op(x) for x in ops[:WITNESS_OPS]) if o is not None]
     if not found:
         return ""
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(9, 0.32 * len(found) + 0.9))
+    e = html.escape
+    left, width, row_h, top = 250, 620, 18, 16
     lo = min(o.invoke for o in found)
     hi = max(o.complete if o.complete is not None else t.end for o in found)
     pad = max((hi - lo) * 0.15, 0.05)
-    _shade(ax, [x for x in t.faults if (x.end or t.end) >= lo - pad and x.start <= hi + pad], t.end, colours,
-           label=True)
+    lo, hi = lo - pad, hi + pad
+
+    def x(v: float) -> float:
+        return left + (min(max(v, lo), hi) - lo) / (hi - lo) * width
+
+    height = top + row_h * len(found) + 28
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 10}" height="{height}" '
+             f'viewBox="0 0 {left + width + 10} {height}" font-family="sans-serif" font-size="11">']
+    for i, f in enumerate(x_ for x_ in t.faults if (x_.end if x_.end is not None else t.end) >= lo and x_.start <= hi):
+        a, b = x(f.start), x(f.end if f.end is not None else t.end)
+        parts.append(f'<g id="{plot_id}-fault-{i}"><rect x="{a:.1f}" y="{top - 12}" width="{max(b - a, 1):.1f}" '
+                     f'height="{row_h * len(found) + 12}" fill="{colours[f.f]}" fill-opacity="0.13"/>'
+                     f'<text x="{a + 2:.1f}" y="{top - 3}" fill="{colours[f.f]}" font-size="9">{e(f.f + _who(f.value))}'
+                     f"</text></g>")
+    for v in _ticks(lo, hi):
+        parts.append(f'<line x1="{x(v):.1f}" x2="{x(v):.1f}" y1="{top}" y2="{top + row_h * len(found)}" '
+                     f'stroke="#d0d5dd" stroke-width="0.5"/><text x="{x(v):.1f}" y="{top + row_h * len(found) + 13}" '
+                     f'text-anchor="middle" font-size="9" fill="#4a5568">{v:g}</text>')
     for row, o in enumerate(found):
+        y = top + row * row_h
         end = o.complete if o.complete is not None else t.end
-        ax.barh(row, max(end - o.invoke, (hi - lo) * 0.004 + 1e-4), left=o.invoke, height=0.55,
-                color=COLOURS.get(o.type, "#999"))
-    ax.set_yticks(range(len(found)))
-    ax.set_yticklabels([f"op {o.op}  process {o.process}  {o.f} {o.type}" for o in found], fontsize=7.5)
-    ax.invert_yaxis()
-    ax.set_xlim(lo - pad, hi + pad)
-    ax.tick_params(axis="x", labelsize=7.5)
-    ax.set_xlabel("time since the history began (s)", fontsize=8)
-    ax.grid(True, axis="x", alpha=0.25, lw=0.5)
-    return f'<figure id="{plot_id}" class="timeline">{_svg(fig)}</figure>'
+        a, b = x(o.invoke), x(end)
+        what = f"op {o.op}, process {o.process}: {o.f} {o.type}, {o.invoke:.3f} s to " + (
+            f"{o.complete:.3f} s" if o.complete is not None else "never completed")
+        parts.append(f'<text x="{left - 8}" y="{y + 12}" text-anchor="end">op {o.op}  process {o.process}  '
+                     f'{e(o.f)} {o.type}</text><rect x="{a:.1f}" y="{y + 3}" width="{max(b - a, 2):.1f}" '
+                     f'height="{row_h - 6}" fill="{COLOURS.get(o.type, "#999")}"><title>{e(what)}</title></rect>')
+    parts.append(f'<text x="{left + width / 2}" y="{height - 2}" text-anchor="middle" font-size="9" fill="#4a5568">'
+                 f"time since the history began (s)</text></svg>")
+    return f'<figure id="{plot_id}" class="timeline">{"".join(parts)}</figure>'
 
 
 def _settings(spec: dict[str, Any]) -> str:
@@ -269,7 +294,7 @@ def _anomalies(results: dict[str, Any], t: Timeline | None, colours: dict[str, s
                    f'{" (forbidden by the model)" if kind in bad else " (allowed by the model)"}</h3>')
         for i, w in enumerate(examples):
             out.append(f'<div class="example"><p>{html.escape(w.get("explanation") or json.dumps(w))}</p>')
-            if t is not None and i < EXAMPLES_DRAWN:
+            if t is not None:
                 out.append(_witness_plot(t, [o for o in w.get("ops") or [] if isinstance(o, int)], colours,
                                          f"witness-{kind}-{i}"))
             out.append("</div>")
@@ -311,7 +336,7 @@ def _short(value: Any, limit: int = 160) -> str:
 
 def _witness_ops(results: dict[str, Any]) -> list[int]:
     return sorted({o for kind in results.get("anomaly_types") or []
-                   for w in (results.get("anomalies", {}).get(kind) or [])[:EXAMPLES_DRAWN]
+                   for w in results.get("anomalies", {}).get(kind) or []
                    for o in (w.get("ops") or [])[:WITNESS_OPS] if isinstance(o, int)})
 
 
