@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -27,8 +28,7 @@ def test_quick_claims_reproduce_acks_1_loss_and_hold_with_acks_all(tmp_path):
     assert (row["system"], row["verdict"]) == ("reference", "CONFIRMED"), (row, proc.stdout)
     assert (unsafe["verdict"], unsafe["showing"], unsafe["runs"]) == ("REPRODUCED", 1, [row["witness"]])
     assert (safe["verdict"], safe["showing"], len(safe["runs"])) == ("HELD", 0, 1)
-    [found] = (out / "runs" / "acks-1-loses-on-leader-death-unsafe-reference").glob("*/results.json")
-    witness = json.loads(found.read_text())
+    witness = json.loads((Path(row["witness"]) / "results.json").read_text())
     assert {"lost-write", "unseen"} & set(witness["anomaly_types"])
     assert "| acks-1-loses-on-leader-death | reference | REPRODUCED: lost-write or unseen in 1 of 1 seeds" in \
         (out / "claims.md").read_text()
