@@ -163,6 +163,14 @@ def _mops(line: dict) -> list[dict]:
     return mops if isinstance(mops, list) else []
 
 
+def _records(m: dict) -> list[dict]:
+    """A poll micro-operation's records that have a key and an offset (a history the checker
+    refused may hold others: they are left out of the plots)."""
+    records = m.get("records") if m.get("f") == "poll" else None
+    return [r for r in records if isinstance(r, dict) and isinstance(r.get("key"), str)
+            and isinstance(r.get("offset"), int)] if isinstance(records, list) else []
+
+
 def read_timeline(path: str | Path) -> Timeline:
     """The timeline of the history at `path` (see the module docstring)."""
     invoked: dict[Any, dict] = {}  # process -> its open invocation
@@ -179,11 +187,14 @@ def read_timeline(path: str | Path) -> Timeline:
                 line = json.loads(raw)
             except ValueError:
                 continue
-            if not isinstance(line, dict) or not isinstance(line.get("time"), int):
+            if not (isinstance(line, dict) and isinstance(line.get("time"), int) and isinstance(line.get("index"), int)):
                 continue
             t = line["time"] / NS
             end = max(end, t)
             process, type_, f = line.get("process"), line.get("type"), line.get("f")
+            if not (isinstance(process, int) or process == "nemesis") or not isinstance(f, str) \
+                    or type_ not in ("invoke", "ok", "fail", "info"):
+                continue  # not a line of the format (a refused history): nothing to draw from it
             if process == "nemesis":
                 nemesis.append((type_, f, t, line.get("value")))
                 continue
@@ -194,14 +205,15 @@ def read_timeline(path: str | Path) -> Timeline:
             if inv is None:
                 continue
             ops.append(Op(line["index"], process, f, type_, inv["time"] / NS, t))
-            mops = _mops(line) or _mops(inv)
+            mops = [m for m in _mops(line) or _mops(inv) if isinstance(m, dict)]
             for m in mops:
-                if m.get("f") == "send" and isinstance(m.get("offset"), int) and type_ in ("ok", "info"):
+                if (m.get("f") == "send" and isinstance(m.get("offset"), int) and isinstance(m.get("key"), str)
+                        and isinstance(m.get("value"), int) and type_ in ("ok", "info")):
                     known[m["key"]].append((m["offset"], t))
-                    acked.setdefault((m["key"], m.get("value")), t)
-                for r in m.get("records") or () if m.get("f") == "poll" else ():
+                    acked.setdefault((m["key"], m["value"]), t)
+                for r in _records(m):
                     known[r["key"]].append((r["offset"], t))
-                    if type_ == "ok":
+                    if type_ == "ok" and isinstance(r.get("value"), int):
                         seen.setdefault((r["key"], r["value"]), t)
             polls.append((process, inv["time"] / NS, type_, f, mops, {**inv, **line}))
     for process, inv in invoked.items():
@@ -238,13 +250,14 @@ def _lags(polls, known: dict[str, list[tuple[int, float]]]) -> list[Lag]:
         if f == "assign":
             before = positions.get(process, {})
             rewound = bool(line.get("seek_to_beginning"))
-            positions[process] = {k: -1 if rewound else before.get(k, -1) for k in line.get("keys") or []}
+            keys = line.get("keys") if isinstance(line.get("keys"), list) else []
+            positions[process] = {k: -1 if rewound else before.get(k, -1) for k in keys if isinstance(k, str)}
         elif f == "subscribe":
             positions[process] = {}
         elif f in ("poll", "txn"):
             mine = positions.setdefault(process, {})
             for m in mops:
-                for r in m.get("records") or () if m.get("f") == "poll" else ():
+                for r in _records(m):
                     mine[r["key"]] = max(mine.get(r["key"], -1), r["offset"])
             for key, offset in sorted(mine.items()):
                 out.append(Lag(invoke, process, key, max(0.0, invoke - expired_at(key, offset + 1))))
