@@ -22,6 +22,9 @@ from ..models.faults import fault_intervals
 from .load import load_history
 from .timeline import MAX_POINTS, QUANTILES, SLOWEST, SPREAD, Lag, Op, Timeline, bin_width
 
+# An operation's records, one row each (column r), from the poll micro-operations of its mops.
+_RECORDS = ("explode(flatten(transform(filter(coalesce(mops, array()), m -> m.f = 'poll'), "
+            "m -> coalesce(m.records, array())))) AS r")
 _ORDER = "PARTITION BY process, key ORDER BY op, ord ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW"
 
 
@@ -67,8 +70,7 @@ def _lags(spark: SparkSession, done: DataFrame, known: DataFrame, end: float) ->
     then, per key, the earliest time an offset at or above the next one was known to exist."""
     ok = done.filter("type = 'ok'")
     reads = (ok.filter("f IN ('poll', 'txn')")
-             .selectExpr("op", "process", "explode(flatten(transform(filter(coalesce(mops, array()), "
-                         "m -> m.f = 'poll'), m -> coalesce(m.records, array())))) AS r")
+             .selectExpr("op", "process", _RECORDS)
              .selectExpr("op", "process", "r.key AS key", "r.offset AS offset"))
     keys = [r["key"] for r in reads.select("key").union(
         ok.filter("f = 'assign'").selectExpr("explode(keys) AS key")).distinct().collect()]
@@ -123,8 +125,7 @@ def _lags(spark: SparkSession, done: DataFrame, known: DataFrame, end: float) ->
 def _unseen(done: DataFrame, sent: DataFrame, end: float) -> dict[str, list[tuple[float, int]]]:
     acked = sent.groupBy("key", "value").agg(F.min("t").alias("t"))
     seen = (done.filter("type = 'ok'")
-            .selectExpr("t1 AS t", "explode(flatten(transform(filter(coalesce(mops, array()), m -> m.f = 'poll'), "
-                        "m -> coalesce(m.records, array())))) AS r")
+            .selectExpr("t1 AS t", _RECORDS)
             .groupBy("r.key", "r.value").agg(F.min("t").alias("seen")))
     steps = (acked.join(seen, ["key", "value"], "left")
              .selectExpr("key", "explode(array(named_struct('t', t, 'd', 1), "
@@ -189,8 +190,7 @@ def spark_timeline(spark: SparkSession, path: str | os.PathLike, witness_ops: li
                 .selectExpr("t1 AS t", "explode(filter(coalesce(mops, array()), "
                             "m -> m.f = 'send' AND m.offset IS NOT NULL)) AS m")
                 .selectExpr("m.key AS key", "m.offset AS offset", "m.value AS value", "t"))
-        records = (done.selectExpr("t1 AS t", "explode(flatten(transform(filter(coalesce(mops, array()), "
-                                   "m -> m.f = 'poll'), m -> coalesce(m.records, array())))) AS r")
+        records = (done.selectExpr("t1 AS t", _RECORDS)
                    .selectExpr("r.key AS key", "r.offset AS offset", "t"))
         known = sent.select("key", "offset", "t").unionByName(records)
         wanted = ", ".join(map(str, sorted(set(witness_ops)))) or "NULL"
