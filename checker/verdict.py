@@ -24,7 +24,8 @@ def verdict(analysis, model: Model) -> dict[str, Any]:
     # Forbidden by the model, or unknown to the anomaly registry (fail closed: nobody judged it).
     bad = sorted(t for t in found if model.forbids(t))
     stats = dict(analysis.stats)
-    valid: Any = not bad
+    unproven = unproven_types(analysis, found)
+    valid: Any = not [t for t in bad if t not in unproven]
     anomalies = {}
     for t in found:
         witnesses = []
@@ -42,9 +43,24 @@ def verdict(analysis, model: Model) -> dict[str, Any]:
         "anomalies": anomalies,
         "stats": stats,
     }
+    if unproven:
+        results["unproven_anomaly_types"] = unproven
     if analysis.notes:
         results["notes"] = list(analysis.notes)
     return fail_closed(results, unknown_reasons(analysis))
+
+
+def unproven_types(analysis, found: list[str]) -> list[str]:
+    """Types found that prove nothing yet: `unseen` when every key it was found on (as far as its
+    examples show) lacks complete final reads. Unseen values are a loss once the final reads are
+    done; before that they may simply not have been read yet (the verdict is then unknown, unless
+    another forbidden type proves it invalid)."""
+    if "unseen" not in found:
+        return []
+    incomplete = {r["key"] for r in analysis.final_reads
+                  if not r["complete"] or r.get("outcome") not in (None, "reached")}
+    keys = {w["key"] for w in analysis.examples.get("unseen", [])}
+    return ["unseen"] if incomplete and keys <= incomplete else []
 
 
 # Client operations whose never succeeding means the run cannot show what it claims.
@@ -85,8 +101,12 @@ def unknown_reasons(analysis) -> list[str]:
                        f"polls to the end of the log, shows whether the tail of a log was lost")
     if short:
         def where(r):
-            end = (f"the broker's end offset {r['end']}" if r["end"] is not None
-                   else f"offset {r['known_end'] - 1}, which other operations show exists")
+            if r.get("late_end", 0) > r["read_to"] and (r["end"] is None or r["read_to"] >= r["end"]):
+                end = f"offset {r['late_end'] - 1}, which operations that completed after that assign show exists"
+            elif r["end"] is not None:
+                end = f"the broker's end offset {r['end']}"
+            else:
+                end = f"offset {r['known_end'] - 1}, which other operations show exists"
             return f"{r['key']} read to offset {r['read_to'] - 1} (final assign op {r['assign']}), short of {end}"
 
         shown = "; ".join(where(r) for r in short[:SHOWN_KEYS]) + ("; ..." if len(short) > SHOWN_KEYS else "")

@@ -21,7 +21,7 @@ Out: an `Analysis`:
 - `notes`: what was tolerated or could not be judged;
 - `dependencies`, `hubs`: see result.DEPENDENCIES;
 - `final_reads`: per key, sorted by key, its final log (result.FINAL_READS):
-  {key, assign, end, read_to, known_end, complete, outcome}, for every key
+  {key, assign, end, read_to, known_end, late_end, complete, outcome}, for every key
   with a final chain, any evidence in its log, or a final-reads record.
 With `full_dir`, every witness of every type computed here is written to
 `full_dir/<type>.jsonl`, one JSON object a line, in the same order (an empty
@@ -147,7 +147,7 @@ Definitions (shared/anomalies.md, made precise; reference.py is the oracle):
   note says so).
 Within one operation, records are in the order returned (mops, then records).
 Offsets are compared without arithmetic that could overflow at the ends of
-64 bits; read_to and known_end, one past an offset, are decimals.
+64 bits; read_to, known_end and late_end, one past an offset, are decimals.
 """
 
 from __future__ import annotations
@@ -280,6 +280,8 @@ _LOG = "(kind = 'r' OR acked)"
 # holds: decimals, since one past the highest long is not a long.
 _READ_TO = "greatest(CAST(read_max AS DECIMAL(20, 0)) + 1, 0)"
 _KNOWN_END = "(coalesce(CAST(known AS DECIMAL(20, 0)), -1) + 1)"
+# One past the highest offset shown by operations that completed after the final assign.
+_LATE_END = "(coalesce(CAST(late AS DECIMAL(20, 0)), -1) + 1)"
 
 
 def _facts(history: History) -> DataFrame:
@@ -288,7 +290,8 @@ def _facts(history: History) -> DataFrame:
 
     Added columns: `acked` (an acknowledged send), `lo` (the offset, for a row in the log);
     per key: `known` (the highest offset of the log), `start` ((op, process) of the last ok
-    assign with seek_to_beginning naming it), `final_end` (the latest ok `end_offsets` entry
+    assign with seek_to_beginning naming it), `late` (the highest offset of the log shown by an
+    operation that completed after that assign), `final_end` (the latest ok `end_offsets` entry
     for it), `read_max` (the highest offset the final chain read), `complete`; per row of the
     log: `rank` (of its offset among the log's distinct offsets, highest first) and `nexts`
     (the next SKIPPED_SHOWN distinct offsets of the log above it); `final` (a record of the
@@ -326,7 +329,8 @@ def _facts(history: History) -> DataFrame:
             f"max(CASE WHEN kind = 'a' THEN struct(op, process) END) OVER ({desc} {whole}) AS start",
             f"max(CASE WHEN kind = 'e' THEN struct(op, offset) END) OVER ({desc} {whole}) AS end_at")
         .selectExpr("*", "end_at.offset AS final_end",
-                    "coalesce(kind = 'r' AND process = start.process AND op > start.op, false) AS final")
+                    "coalesce(kind = 'r' AND process = start.process AND op > start.op, false) AS final",
+                    f"max(CASE WHEN lo IS NOT NULL AND op > start.op THEN lo END) OVER ({desc} {whole}) AS late")
         .drop("end_at")
         # The final chain's records are in the log: per offset, they share a rank.
         .selectExpr("*", f"array({nexts}) AS nexts",
@@ -341,7 +345,8 @@ def _facts(history: History) -> DataFrame:
                     # Only an offset holding two values can be inconsistent or reused.
                     "min(CASE WHEN lo IS NOT NULL THEN value END) OVER (PARTITION BY key, rank) AS omin",
                     "max(CASE WHEN lo IS NOT NULL THEN value END) OVER (PARTITION BY key, rank) AS omax")
-        .selectExpr("*", f"start IS NOT NULL AND {_READ_TO} >= coalesce(final_end, {_KNOWN_END}) AS complete")
+        .selectExpr("*", f"start IS NOT NULL AND {_READ_TO} >= coalesce(final_end, {_KNOWN_END}) "
+                         f"AND {_READ_TO} >= {_LATE_END} AS complete")
         .selectExpr(
             "*",
             f"max(kind = 's') {by_value} AS was_sent",
@@ -526,7 +531,7 @@ def _final_summaries(facts: DataFrame) -> DataFrame:
     # Numbers and booleans only (a hash aggregate); the values are the key's, on every row.
     per_key = (facts.groupBy("key")
                .agg(F.max("start.op").alias("assign"), F.max("final_end").alias("final_end"),
-                    F.max("read_max").alias("read_max"), F.max("known").alias("known"),
+                    F.max("read_max").alias("read_max"), F.max("known").alias("known"), F.max("late").alias("late"),
                     F.max("complete").alias("complete"), F.max(F.expr("kind = 'r' AND type = 'ok'")).alias("ok_read")))
     # The latest completed final-reads operation naming the key; in one record, the last entry.
     records = facts.filter("kind = 'f'").groupBy("key").agg(F.max(F.expr("struct(op, pos, value)")).alias("record"))
@@ -536,7 +541,7 @@ def _final_summaries(facts: DataFrame) -> DataFrame:
         f"'{_FINAL}' AS type", "CAST(0 AS LONG) AS s1", "key AS s2", "CAST(0 AS LONG) AS s3",
         "CAST(1 AS LONG) AS weight",
         f"to_json(named_struct('key', key, 'assign', assign, 'end', final_end, 'read_to', {_READ_TO}, "
-        f"'known_end', {_KNOWN_END}, 'complete', complete, "
+        f"'known_end', {_KNOWN_END}, 'late_end', {_LATE_END}, 'complete', complete, "
         f"'outcome', {_OUTCOME}, 'ok_read', ok_read), "
         "map('ignoreNullFields', 'false')) AS json")
 
@@ -802,7 +807,8 @@ def _analyse(spark: SparkSession, path: str, limit: int, full_dir: str | os.Path
             notes=notes,
             dependencies=dependencies,
             hubs=hub_rows,
-            final_reads=[{k: r[k] for k in ("key", "assign", "end", "read_to", "known_end", "complete", "outcome")}
+            final_reads=[{k: r[k] for k in ("key", "assign", "end", "read_to", "known_end", "late_end", "complete",
+                                            "outcome")}
                          for r in finals],
         )
     finally:

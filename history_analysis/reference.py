@@ -156,6 +156,9 @@ class FinalLog:
     end: int | None
     known_end: int
     read_to: int = 0
+    # One past the highest offset shown by operations that completed after the assign: the log
+    # grew after its final read began, so that read is not of the final log.
+    late_end: int = 0
     values: dict = None  # offset -> [(op, value)]
     # How the harness's final reader says its read of the key ended (history-format.md, Final reads).
     outcome: str | None = None
@@ -166,15 +169,18 @@ class FinalLog:
     @property
     def complete(self) -> bool:
         """Whether the final chain read the whole log: to the broker's end offset, or where the
-        history does not give one, past every offset anything showed."""
-        return self.assign is not None and self.read_to >= (self.end if self.end is not None else self.known_end)
+        history does not give one, past every offset anything showed; and past every offset shown
+        by operations that completed after its assign."""
+        return (self.assign is not None and self.read_to >= self.late_end
+                and self.read_to >= (self.end if self.end is not None else self.known_end))
 
     def end_fields(self) -> dict:
         return {"final_end": self.end, "final_read_to": self.read_to}
 
     def summary(self) -> dict:
         return {"key": self.key, "assign": self.assign, "end": self.end, "read_to": self.read_to,
-                "known_end": self.known_end, "complete": self.complete, "outcome": self.outcome}
+                "known_end": self.known_end, "late_end": self.late_end, "complete": self.complete,
+                "outcome": self.outcome}
 
 
 class Found:
@@ -541,6 +547,8 @@ def _final_logs(evs: list[Event], ops: list[Operation], seeks: list[tuple[str, O
             for key, s in start.items()}
     for e in evs:
         s = start.get(e.key)
+        if s is not None and e.op > s.op and _in_log(e):
+            logs[e.key].late_end = max(logs[e.key].late_end, e.offset + 1)
         if e.kind == "r" and s is not None and e.process == s.process and e.op > s.op:
             log = logs[e.key]
             log.read_to = max(log.read_to, e.offset + 1)

@@ -37,7 +37,7 @@ class Analysis:
     # DEPENDENCIES): what the process and real-time orders between them are built from.
     hubs: list[tuple[int, int, str, str]] = field(default_factory=list)
     # Per key, sorted by key, what the final reads showed (see FINAL_READS): dicts with key,
-    # assign, end, read_to, known_end, complete, outcome.
+    # assign, end, read_to, known_end, late_end, complete, outcome.
     final_reads: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -50,6 +50,9 @@ A key's final log, as both engines derive it:
   (final reads ask the broker for it: history-format.md); absent in histories that do not say;
 - the final reads are complete for the key when the chain read up to the end offset (every
   offset below it), or, where there is no end offset, past every offset any send or poll showed;
+  and in either case past every offset shown by a send or poll that completed after the assign
+  (`late_end`: the log grew after that read began, as when a run stops before its final reads
+  and an earlier consumer's rewind is the last one);
   a poll of the chain's process after its assign whose `positions` found the key's end counts as
   reading to there (past transaction markers and aborted records, which no consumer returns);
 - once complete, an acknowledged write that the final log does not hold at its offset is a

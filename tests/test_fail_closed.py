@@ -174,3 +174,33 @@ def test_an_anomaly_found_stays_proven_when_the_history_is_also_incomplete(tmp_p
     status, results, out = check(h.write(tmp_path / "both"))
     assert (status, results["valid"]) == (1, False), out
     assert "unexpected" in results["bad_anomaly_types"] and results["unknown_reasons"]
+
+
+def test_a_run_stopped_before_its_final_reads_is_unknown_not_invalid_on_unseen_values(tmp_path):
+    # A consumer rewound and read the log to its end early on; sends went on after it, and the run
+    # stopped before any final read. That rewind is the last one, but the log grew after it: it is
+    # not the final log, and the values nobody read yet are not lost.
+    h = H()
+    h.send(0, [(1, 0)])
+    h.assign(1, ends={K: 1})
+    h.poll(1, [(0, 1)])
+    late = h.send(0, [(2, 1), (3, 2)])
+    status, results, out = check(h.write(tmp_path / "stopped"))
+    assert (status, results["valid"]) == (2, "unknown"), out
+    assert results["anomaly_types"] == ["unseen"] and results["unproven_anomaly_types"] == ["unseen"]
+    assert results["unknown_reasons"] == [
+        "the final reads did not reach the end of 1 key(s): t/0 read to offset 0 (final assign op 3), short of "
+        "offset 2, which operations that completed after that assign show exists"]
+    [unseen] = results["anomalies"]["unseen"]
+    assert (unseen["values"], unseen["ops"]) == ([2, 3], [late, late])
+
+
+def test_unseen_values_on_a_key_whose_final_reads_are_complete_are_a_loss(tmp_path):
+    h = H()
+    # The broker's log now ends after offset 0: the value acknowledged at offset 1 is gone.
+    h.send(0, [(1, 0), (2, 1)])
+    h.assign(2, final=True, ends={K: 1})
+    h.poll(2, [(0, 1)], final=True)
+    status, results, out = check(h.write(tmp_path / "lost"))
+    assert (status, results["valid"]) == (1, False), out
+    assert "unproven_anomaly_types" not in results and {"unseen", "lost-write"} <= set(results["bad_anomaly_types"])

@@ -715,7 +715,7 @@ def test_a_final_chain_whose_consumer_found_the_end_past_transaction_markers_rea
     summaries = {r["key"]: r for r in catalog["analysis"].final_reads}
     assert summaries["final_log_ends_in_markers-t/0"] == {
         "key": "final_log_ends_in_markers-t/0", "assign": ix["start"], "end": 4, "read_to": 4, "known_end": 3,
-        "complete": True, "outcome": None}
+        "late_end": 3, "complete": True, "outcome": None}
     # Only the final chain's own consumer speaks for the final log.
     other = summaries["final_log_ends_in_markers_another_consumer_saw-t/0"]
     assert (other["read_to"], other["complete"]) == (3, False)
@@ -780,7 +780,7 @@ def test_the_final_chain_runs_past_later_assigns_and_takes_the_latest_end(found,
     assert found("final_chain_across_a_reassign")[0] == {}
     [summary] = [r for r in catalog["analysis"].final_reads if r["key"] == "final_chain_across_a_reassign-t/0"]
     assert summary == {"key": "final_chain_across_a_reassign-t/0", "assign": ix["start"], "end": 3, "read_to": 3,
-                       "known_end": 3, "complete": True, "outcome": None}
+                       "known_end": 3, "late_end": 3, "complete": True, "outcome": None}
 
 
 def test_final_reads_summarise_every_key_with_evidence_or_a_final_chain(catalog):
@@ -788,11 +788,11 @@ def test_final_reads_summarise_every_key_with_evidence_or_a_final_chain(catalog)
     assert list(summaries) == sorted(summaries)
     assert summaries["final_log_cut_tail-t/0"] == {
         "key": "final_log_cut_tail-t/0", "assign": catalog["facts"]["final_log_cut_tail"]["start"], "end": 2,
-        "read_to": 2, "known_end": 3, "complete": True, "outcome": None}
+        "read_to": 2, "known_end": 3, "late_end": 2, "complete": True, "outcome": None}
     assert summaries["final_log_short_of_its_end-t/0"]["complete"] is False
     # no final chain: complete only by a final chain, whatever the evidence
     assert summaries["no_final_read-t/0"] == {"key": "no_final_read-t/0", "assign": None, "end": None,
-                                              "read_to": 0, "known_end": 1, "complete": False,
+                                              "read_to": 0, "known_end": 1, "late_end": 0, "complete": False,
                                               "outcome": None}
     # a key whose only send was never acknowledged has no evidence in its log, and no final chain
     assert "stats-t/0" not in summaries

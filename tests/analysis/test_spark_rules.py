@@ -134,7 +134,7 @@ def test_the_latest_completed_final_reads_record_gives_the_outcome(both):
     assert (outcomes[ix["k"]], outcomes[ix["j"]], outcomes[ix["only"]]) == ("reached", "unavailable", "unavailable")
     [only] = [r for r in spark_result.final_reads if r["key"] == ix["only"]]
     assert only == {"key": ix["only"], "assign": None, "end": None, "read_to": 0, "known_end": 0,
-                    "complete": False, "outcome": "unavailable"}
+                    "late_end": 0, "complete": False, "outcome": "unavailable"}
     assert all(r["outcome"] is None for r in spark_result.final_reads if r["key"].startswith("top_of_the_log"))
 
 
