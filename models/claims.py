@@ -157,11 +157,15 @@ class Outcome:
 
 
 def judge_side(side: Side, results: list[dict[str, Any]]) -> Outcome:
-    """A side, from its runs' results: a side expected to show an anomaly REPRODUCED it when a run
+    """A side, from its runs' results (a run's types are its `anomaly_types` less its
+    `unproven_anomaly_types`): a side expected to show an anomaly REPRODUCED it when a run
     with a verdict found one of its types, else NOT REPRODUCED; a side expected clean VIOLATED it
     when any run found one (whatever its verdict), else HELD when every run had a verdict, else
-    UNDECIDED."""
-    found = [bool(set(r.get("anomaly_types") or []) & set(side.anomalies)) for r in results]
+    UNDECIDED; a side without runs (all stopped) is UNDECIDED."""
+    if not results:
+        return Outcome(UNDECIDED, 0, 0, 0, None)  # no run finished: nothing is shown either way
+    found = [bool(set(r.get("anomaly_types") or []) - set(r.get("unproven_anomaly_types") or [])
+                  & set(side.anomalies)) for r in results]
     known = [r.get("valid") in (True, False) for r in results]
     first = next((i for i, f in enumerate(found) if f), None)
     if side.expect_anomaly:

@@ -18,6 +18,7 @@ ENDS = {
     "power-off": "power-on",
     "bump-clock": "reset-clock",
     "kill-follower": "elect-stale",
+    "kill-followers": "elect-follower",
     "kill-consumer": "consumers-rejoin",
     "kill-producer": "producers-restart",
 }

@@ -13,8 +13,8 @@ from typing import Any
 
 from .clients import KillClientNemesis
 from .partition import PartitionNemesis
-from .process import (ClockNemesis, KillNemesis, PauseNemesis, PowerLossNemesis, RollingRestartNemesis,
-                      StaleElectionNemesis)
+from .process import (ClockNemesis, KillNemesis, LoneLeaderNemesis, PauseNemesis, PowerLossNemesis,
+                      RollingRestartNemesis, StaleElectionNemesis)
 
 KINDS = {
     "kill": "SIGKILL a random broker, then restart it",
@@ -34,6 +34,9 @@ KINDS = {
     "stale-election": "SIGKILL an in-sync follower of a random partition until it leaves the ISR; then SIGKILL "
                       "the replicas still in sync and start the stale one first (only unclean leader election "
                       "can make it leader), then the rest",
+    "lone-leader": "SIGKILL every in-sync follower of a random partition at once, until the ISR is its leader "
+                   "alone; then SIGKILL the leader and start a follower first (only unclean leader election can "
+                   "make it leader), then the rest",
     "kill-consumer": "SIGKILL a consumer group member's process (consume-* workloads), as an application's; its "
                      "worker starts a new member in the same group at its next operation",
     "kill-producer": "SIGKILL a producer's process (the resend workload), as an application's, mid-send or between "
@@ -64,6 +67,8 @@ def build(kinds: list[str], db, nodes: list[str], keys: list[str], zookeeper_nod
             nemesis = ClockNemesis(db, nodes)
         elif kind == "stale-election":
             nemesis = StaleElectionNemesis(db, nodes, keys)
+        elif kind == "lone-leader":
+            nemesis = LoneLeaderNemesis(db, nodes, keys)
         else:
             if net is None:
                 raise ValueError("the partition nemesis needs the network of the nodes (a Net)")

@@ -247,17 +247,23 @@ def _topic_partition(key: str) -> tuple[str, int]:
 
 
 class StaleElectionNemesis:
-    """The unclean-election experiment, as a fault and its repair.
+    """The unclean-election experiments, as a fault and its repair.
 
-    `kill-follower`: SIGKILL an in-sync follower of a random partition (the stale replica) and
-    wait until the leader drops it from the ISR (replica.lag.time.max.ms); writes go on without it.
-    `elect-stale`: SIGKILL every replica still in that partition's ISR, start the stale one
-    first and give the controller `wait` seconds to elect it (only unclean leader election can:
-    its log lacks what was written meanwhile), then start the rest. With unclean election the
-    writes acknowledged while it was away are lost; without, the partition waits for an in-sync
-    replica and loses nothing. The values say which nodes, and who led afterwards."""
+    stale-election: `kill-follower` SIGKILLs an in-sync follower of a random
+    partition (the stale replica) and waits until the leader drops it from the ISR
+    (replica.lag.time.max.ms); writes go on without it. `elect-stale` SIGKILLs every replica still
+    in that partition's ISR, starts the stale one first and gives the controller `wait` seconds to
+    elect it (only unclean leader election can: its log lacks what was written meanwhile), then
+    starts the rest. With unclean election the writes acknowledged while it was away are lost;
+    without, the partition waits for an in-sync replica and loses nothing.
+
+    lone-leader (LoneLeaderNemesis): `kill-followers` SIGKILLs every in-sync follower of a random
+    partition at once and waits until the ISR is the leader alone, so acks=all needs only the
+    leader (unless min.insync.replicas forbids); `elect-follower` SIGKILLs the leader and starts a
+    follower first, as above. The values say which nodes, and who led afterwards."""
 
     fs = ("kill-follower", "elect-stale")
+    all_followers = False
 
     def __init__(self, db, nodes: list[str], keys: list[str], out_of_isr_timeout: float = 60, wait: float = 15):
         self.db = db
@@ -265,49 +271,50 @@ class StaleElectionNemesis:
         self.keys = list(keys)
         self.out_of_isr_timeout = out_of_isr_timeout
         self.wait = wait
-        self.stale: tuple[str, str] | None = None  # (key, node)
+        self.stale: tuple[str, list[str]] | None = None  # (key, its stale replicas: the first starts first)
         self.down: list[str] = []
 
     def invoke(self, op: Op) -> Any:
-        if op["f"] == "kill-follower":
-            return self._kill_follower(random.Random(op.get("seed", 0)))
-        if op["f"] == "elect-stale":
+        if op["f"] == self.fs[0]:
+            return self._kill_followers(random.Random(op.get("seed", 0)))
+        if op["f"] == self.fs[1]:
             return self._elect_stale()
         raise ValueError(f"StaleElectionNemesis cannot perform {op['f']!r}")
 
-    def _kill_follower(self, rng: random.Random) -> Any:
+    def _kill_followers(self, rng: random.Random) -> Any:
         if self.stale is not None:
-            return {"nodes": [], "note": f"{self.stale[1]} is already the stale replica of {self.stale[0]}"}
+            return {"nodes": [], "note": f"{', '.join(self.stale[1])} already stale in {self.stale[0]}"}
         key, leader = leader_of_random_key(self.db, self.keys, rng)
         topic, partition = _topic_partition(key)
         followers = [n for n in self.db.in_sync_replicas(topic, partition) if n != leader]
         if leader is None or not followers:
             return {"nodes": [], "key": key, "note": f"{key} has no in-sync follower to make stale"}
-        stale = rng.choice(followers)
-        pid = self.db.kill(stale)
-        self.stale, self.down = (key, stale), [stale]
-        wait_until(lambda: stale not in self.db.in_sync_replicas(topic, partition), self.out_of_isr_timeout,
-                   f"{stale} stayed in the ISR of {key} after it was killed")
-        return {"nodes": [stale], "key": key, "leader": leader, "signal": "SIGKILL", "pids": {stale: pid},
+        stale = rng.sample(followers, len(followers)) if self.all_followers else [rng.choice(followers)]
+        pids = {n: self.db.kill(n) for n in stale}
+        self.stale, self.down = (key, stale), list(stale)
+        wait_until(lambda: not set(stale) & set(self.db.in_sync_replicas(topic, partition)), self.out_of_isr_timeout,
+                   f"{', '.join(stale)} stayed in the ISR of {key} after being killed")
+        return {"nodes": stale, "key": key, "leader": leader, "signal": "SIGKILL", "pids": pids,
                 "isr": self.db.in_sync_replicas(topic, partition)}
 
     def _elect_stale(self) -> Any:
         if self.stale is None:
             return {"nodes": [], "note": "no stale replica to elect"}
         key, stale = self.stale
+        first = stale[0]
         topic, partition = _topic_partition(key)
-        in_sync = [n for n in self.db.in_sync_replicas(topic, partition) if n != stale]
+        in_sync = [n for n in self.db.in_sync_replicas(topic, partition) if n not in stale]
         pids = {n: self.db.kill(n) for n in in_sync}
         self.down += in_sync
-        self.db.start(stale)
-        self.db.wait_ready(stale)
+        self.db.start(first)
+        self.db.wait_ready(first)
         try:
-            wait_until(lambda: self.db.leader(topic, partition) == stale, self.wait, "not elected")
+            wait_until(lambda: self.db.leader(topic, partition) == first, self.wait, "not elected")
             elected = True
         except TimeoutError:
             elected = False
         led_by = self.db.leader(topic, partition)
-        value = {"nodes": in_sync, "key": key, "signal": "SIGKILL", "pids": pids, "started_first": stale,
+        value = {"nodes": in_sync, "key": key, "signal": "SIGKILL", "pids": pids, "started_first": first,
                  "stale_elected": elected, "leader_then": led_by}
         try:
             restarted = self.heal()
@@ -326,3 +333,11 @@ class StaleElectionNemesis:
         if not self.down:
             self.stale = None
         return finish({"nodes": healed(outcomes), "outcomes": outcomes})
+
+
+class LoneLeaderNemesis(StaleElectionNemesis):
+    """lone-leader: every in-sync follower of a partition killed at once, the leader left alone
+    in the ISR; then the leader killed and a follower started first (see StaleElectionNemesis)."""
+
+    fs = ("kill-followers", "elect-follower")
+    all_followers = True

@@ -1,13 +1,17 @@
 """`faultline claims`: each claim's configurations run over many seeds, judged, and tabled.
 
 In: the claims (models.claims), the systems (the reference broker, Apache Kafka at one or more
-versions), a number of seeds, quick or not. Out: a folder `store/claims/<timestamp>/` holding
-every run (a normal store folder each, under runs/), `claims.json` (every judgement, as data),
-`claims.md` (a Markdown table, one row per claim and system) and `claims.html`; the exit status
-is 1 when a claim is CONTRADICTED, else 0.
+versions), a number of seeds, quick or not, how many runs at once. Out: a folder
+`store/claims/<timestamp>/` holding every run (a normal store folder each, under runs/; each run's
+own output under logs/), `claims.json` (every judgement, as data), `claims.md` (a Markdown table,
+one row per claim and system) and `claims.html`; the exit status is 1 when a claim is
+CONTRADICTED, 130 when the runs were interrupted (the tables then judge the runs that finished),
+else 0.
 
-Runs go one after another, in this process (each brings up its own cluster; a 2-core machine
-has no room for two).
+Each run is a `faultline run` of its own, in a child process (`python -m faultline.runner.claims
+SPEC RESULT`): its cluster has its own namespaces and subnet, so `parallel` runs can go at once.
+Ctrl-C or SIGTERM stops them all: each child is told once (SIGINT), cleans up, checks what it
+recorded, and the tables are written from what finished.
 """
 
 from __future__ import annotations
@@ -15,15 +19,35 @@ from __future__ import annotations
 import dataclasses
 import html
 import json
+import os
+import signal
+import subprocess
+import sys
+import threading
 import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from ..models.claims import CONTRADICTED, NA, Claim, Outcome, Side, judge_claim, judge_side
-from ..models.spec import spec_from_fields
+from ..models.spec import TestSpec, spec_from_fields
 
 QUICK_SEEDS = 1
+INTERRUPTED = 130
+# A run of 3 Kafka brokers wants about a core and 3 GB; fewer runs at once than that skews timing.
+CORES_PER_RUN = 2
+GIB_PER_RUN = 6
+
+
+def default_parallel() -> int:
+    """Runs at once this machine allows: one per CORES_PER_RUN cores and GIB_PER_RUN GiB of memory."""
+    cores = os.cpu_count() or 1
+    try:
+        gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30
+    except (ValueError, OSError):
+        gib = GIB_PER_RUN
+    return max(1, min(cores // CORES_PER_RUN, int(gib // GIB_PER_RUN)))
 
 
 @dataclass
@@ -35,6 +59,18 @@ class Row:
     na: str | None = None
     note: str | None = None
     sides: dict[str, tuple[Side, Outcome, list[str]]] = dataclasses.field(default_factory=dict)
+    interrupted: bool = False  # the claims run was stopped: some runs may be missing
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run: the row and side it counts for, its seed and spec."""
+    number: int
+    row: int
+    side: Side
+    seed: int
+    spec: TestSpec
+    what: str  # "<claim> on <system>, <side> side, seed <seed>"
 
 
 def system_names(db: str, kafka_versions: list[str]) -> list[tuple[str, str | None]]:
@@ -51,41 +87,147 @@ def label(system: str, version: str | None) -> str:
     return system if version is None else f"kafka {version}"
 
 
-def run_claims(claims: list[Claim], systems: list[tuple[str, str | None]], seeds: int, quick: bool, out: Path,
-               run: Callable | None = None, say: Callable[[str], None] = print) -> list[Row]:
-    """Run and judge every claim on every system; `run(spec) -> (status, run_dir)` (runner.run's
-    run_test by default)."""
-    if run is None:
-        from .run import run_test
-
-        def run(spec):
-            return run_test(spec, show_progress=False)
-    rows = []
-    total = sum(len(c.plan(s, v, quick).sides) for c in claims for s, v in systems) * seeds
-    done = 0
+def plan_jobs(claims: list[Claim], systems: list[tuple[str, str | None]], seeds: int, quick: bool,
+              out: Path) -> tuple[list[Row], list[Job]]:
+    """The rows of the table (n/a ones already judged) and every run they need, in table order."""
+    rows: list[Row] = []
+    jobs: list[Job] = []
     for claim in claims:
         for system, version in systems:
             plan = claim.plan(system, version, quick)
+            name = label(system, version)
             if plan.na:
-                rows.append(Row(claim, label(system, version), NA, na=plan.na))
+                rows.append(Row(claim, name, NA, na=plan.na))
                 continue
-            row = Row(claim, label(system, version), "", note=plan.note)
+            rows.append(Row(claim, name, "", note=plan.note))
             for side in plan.sides:
-                results, folders = [], []
                 for seed in range(1, seeds + 1):
-                    done += 1
                     fields = {**side.fields, "seed": seed, "store": str(out / "runs"),
-                              "name": f"{claim.name}-{side.name}-{label(system, version).replace(' ', '-')}"}
-                    say(f"[{done}/{total}] {claim.name} on {label(system, version)}, {side.name} side, seed {seed}")
-                    started = time.monotonic()
-                    _, run_dir = run(spec_from_fields(fields))
-                    result = _results(run_dir)
-                    results.append(result)
-                    folders.append(str(run_dir))
-                    say(f"  {_said(result)} ({time.monotonic() - started:.0f} s): {run_dir}")
-                row.sides[side.name] = (side, judge_side(side, results), folders)
-            row.verdict = judge_claim({n: (s, o) for n, (s, o, _) in row.sides.items()})
-            rows.append(row)
+                              "name": f"{claim.name}-{side.name}-{name.replace(' ', '-')}"}
+                    jobs.append(Job(len(jobs) + 1, len(rows) - 1, side, seed, spec_from_fields(fields),
+                                    f"{claim.name} on {name}, {side.name} side, seed {seed}"))
+    return rows, jobs
+
+
+class ChildRuns:
+    """Runs a spec as `faultline run` in a child process of its own session (so a terminal's
+    Ctrl-C reaches the children only through `stop`, once each); its output goes to
+    `<out>/logs/<job>.log`."""
+
+    def __init__(self, out: Path):
+        self.logs = out / "logs"
+        self.live: dict[int, subprocess.Popen] = {}
+        self.stopped = False
+        self.lock = threading.Lock()
+
+    def __call__(self, spec: TestSpec, number: int = 0) -> tuple[int, Path | None]:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        base = f"{number:04d}-{spec.name}-seed{spec.seed}"
+        spec_file, result_file = self.logs / f"{base}.spec.json", self.logs / f"{base}.result.json"
+        spec_file.write_text(json.dumps(spec.to_json()))
+        with open(self.logs / f"{base}.log", "wb") as log, self.lock:
+            if self.stopped:
+                return INTERRUPTED, None
+            child = subprocess.Popen([sys.executable, "-m", "faultline.runner.claims", str(spec_file),
+                                      str(result_file)], stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+            self.live[child.pid] = child
+        try:
+            child.wait()
+        finally:
+            with self.lock:
+                self.live.pop(child.pid, None)
+        try:
+            result = json.loads(result_file.read_text())
+            return int(result["status"]), Path(result["run_dir"])
+        except (OSError, ValueError, KeyError):
+            return child.returncode, None
+
+    def stop(self) -> None:
+        """Tell every live run to stop (once), and start no more."""
+        with self.lock:
+            self.stopped = True
+            for child in self.live.values():
+                try:
+                    child.send_signal(signal.SIGINT)
+                except ProcessLookupError:
+                    pass
+
+
+def run_claims(claims: list[Claim], systems: list[tuple[str, str | None]], seeds: int, quick: bool, out: Path,
+               run: Callable | None = None, say: Callable[[str], None] = print, parallel: int = 1) -> list[Row]:
+    """Run and judge every claim on every system, `parallel` runs at once; `run(spec) -> (status,
+    run_dir)` (a ChildRuns by default). Returns the rows; on Ctrl-C or SIGTERM the runs are
+    stopped, the rows judge what finished, and each row's `interrupted` is true."""
+    rows, jobs = plan_jobs(claims, systems, seeds, quick, out)
+    said = threading.Lock()
+    tell = say
+
+    def say(text: str) -> None:  # one line at a time from the pool's threads
+        with said:
+            tell(text)
+    children = ChildRuns(out) if run is None else None
+    results: dict[int, tuple[dict[str, Any], str | None]] = {}
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        def on_term(signum, frame):
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+        previous = signal.signal(signal.SIGTERM, on_term)
+    pool = ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="claim-run")
+    started: dict[int, float] = {}
+
+    def one(job: Job) -> tuple[Job, int, Path | None]:
+        started[job.number] = time.monotonic()
+        say(f"[{job.number}/{len(jobs)}] {job.what}: started")
+        status, run_dir = children(job.spec, job.number) if children else run(job.spec)
+        return job, status, run_dir
+
+    pending = {pool.submit(one, job) for job in jobs}
+    interrupted = False
+    try:
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                job, status, run_dir = future.result()
+                if run_dir is None:
+                    # Never started, or ended before making a store folder: not a run to judge.
+                    say(f"[{job.number}/{len(jobs)}] {job.what}: no run (exit status {status})")
+                    continue
+                result = _results(run_dir)
+                results[job.number] = (result, str(run_dir))
+                say(f"[{job.number}/{len(jobs)}] {job.what}: {_said(result)} "
+                    f"({time.monotonic() - started[job.number]:.0f} s): {run_dir}")
+    except KeyboardInterrupt as exc:
+        interrupted = True
+        say(f"interrupted ({exc or 'SIGINT'}): stopping the runs under way; each cleans up and checks what it "
+            f"recorded, then the tables judge the {len(results)} finished run(s) and those")
+        for future in pending:
+            future.cancel()
+        if children:
+            children.stop()
+        for future in pending:
+            if not future.cancelled():
+                try:
+                    job, status, run_dir = future.result()
+                except Exception:  # noqa: BLE001 - an interrupted run that left nothing is simply not judged
+                    continue
+                if run_dir is not None:
+                    results[job.number] = (_results(run_dir), str(run_dir))
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    for i, row in enumerate(rows):
+        if row.na:
+            continue
+        sides = {j.side.name: j.side for j in jobs if j.row == i}
+        for name, side in sides.items():
+            mine = [results[j.number] for j in jobs if j.row == i and j.side.name == name and j.number in results]
+            row.sides[name] = (side, judge_side(side, [r for r, _ in mine]), [f for _, f in mine])
+        row.verdict = judge_claim({n: (s, o) for n, (s, o, _) in row.sides.items()})
+    if interrupted:
+        for row in rows:
+            row.interrupted = True
     return rows
 
 
@@ -131,7 +273,10 @@ def to_json(rows: list[Row]) -> list[dict[str, Any]]:
 
 
 def markdown(rows: list[Row], seeds: int) -> str:
-    lines = [f"# Claims ({seeds} seed{'s' if seeds != 1 else ''} per configuration)", "",
+    lines = [f"# Claims ({seeds} seed{'s' if seeds != 1 else ''} per configuration)", ""]
+    if any(r.interrupted for r in rows):
+        lines += ["Interrupted: each side is judged from the runs that finished.", ""]
+    lines += [
              "| claim | system | unsafe configuration | safe configuration | verdict | first witness |",
              "|---|---|---|---|---|---|"]
     for r in rows:
@@ -182,7 +327,9 @@ def html_page(rows: list[Row], seeds: int, out: Path) -> str:
             "th,td{text-align:left;padding:4px 12px 4px 0;vertical-align:top;border-bottom:1px solid #e3e7ee}"
             "tr.confirmed b{color:#2e8b57}tr.contradicted b{color:#c0392b}tr.undecided b{color:#b7791f}"
             "tr.na td{color:#718096}</style></head><body>"
-            f"<h1>faultline claims</h1><p>{seeds} seed(s) per configuration. A claim is CONFIRMED when its unsafe "
+            "<h1>faultline claims</h1>" + ("<p><b>Interrupted</b>: each side is judged from the runs that "
+                                            "finished.</p>" if any(r.interrupted for r in rows) else "")
+            + f"<p>{seeds} seed(s) per configuration. A claim is CONFIRMED when its unsafe "
             "configuration reproduced the anomaly and its safe one held, CONTRADICTED when the safe one showed "
             "an anomaly the claim says cannot happen, UNDECIDED otherwise.</p><table id='claims'><tr><th>claim</th>"
             "<th>system</th><th>unsafe configuration</th><th>safe configuration</th><th>verdict</th>"
@@ -205,5 +352,23 @@ def write_outputs(rows: list[Row], seeds: int, out: Path) -> None:
 
 
 def exit_status(rows: list[Row]) -> int:
-    return 1 if any(r.verdict == CONTRADICTED for r in rows) else 0
+    """1 when a claim is CONTRADICTED; else INTERRUPTED when the runs were stopped; else 0."""
+    if any(r.verdict == CONTRADICTED for r in rows):
+        return 1
+    return INTERRUPTED if any(r.interrupted for r in rows) else 0
+
+
+def main(argv: list[str]) -> int:
+    """The child process of one run: `python -m faultline.runner.claims SPEC.json RESULT.json`
+    runs the spec as `faultline run` does and writes {"status", "run_dir"} to RESULT.json."""
+    from .run import run_test
+
+    spec_file, result_file = argv
+    status, run_dir = run_test(TestSpec.from_json(json.loads(Path(spec_file).read_text())), show_progress=False)
+    Path(result_file).write_text(json.dumps({"status": status, "run_dir": str(run_dir)}))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
 

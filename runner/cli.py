@@ -213,7 +213,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_claims(args: argparse.Namespace) -> int:
     from ..models.claims import ClaimError, load_claims
     from ..models.spec import SpecError
-    from .claims import QUICK_SEEDS, exit_status, markdown, run_claims, system_names, write_outputs
+    from .claims import QUICK_SEEDS, default_parallel, exit_status, markdown, run_claims, system_names, write_outputs
 
     if os.geteuid() != 0:
         print("faultline claims: the runs make a network namespace per node, which needs root; run it as root",
@@ -225,11 +225,18 @@ def cmd_claims(args: argparse.Namespace) -> int:
         print(f"faultline claims: {exc}", file=sys.stderr)
         return 2
     seeds = args.seeds if args.seeds is not None else QUICK_SEEDS if args.quick else 20
+    parallel = args.parallel if args.parallel is not None else default_parallel()
+    if seeds < 1 or parallel < 1:
+        print(f"faultline claims: --seeds and --parallel must be 1 or more, not {min(seeds, parallel)}",
+              file=sys.stderr)
+        return 2
     out = Path(args.store) / "claims" / time.strftime("%Y%m%dT%H%M%S")
     systems = system_names(args.db, args.kafka_version or ["4.3.1"])
     print(f"faultline claims: {len(claims)} claim(s) on {', '.join(s if v is None else f'kafka {v}' for s, v in systems)}, "
-          f"{seeds} seed(s) each{' (quick)' if args.quick else ''}; results in {out}", flush=True)
-    rows = run_claims(claims, systems, seeds, args.quick, out, say=lambda text: print(text, flush=True))
+          f"{seeds} seed(s) each{' (quick)' if args.quick else ''}, {parallel} run(s) at once; results in {out}",
+          flush=True)
+    rows = run_claims(claims, systems, seeds, args.quick, out, say=lambda text: print(text, flush=True),
+                      parallel=parallel)
     write_outputs(rows, seeds, out)
     print(markdown(rows, seeds))
     print(f"tables: {out / 'claims.md'}, {out / 'claims.html'}")
@@ -397,8 +404,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    "  faultline claims --db both --kafka-version 3.9.1 --kafka-version 4.3.1\n"
                                    "  faultline claims --only acks-1-loses-on-leader-death --seeds 5\n\n"
                                    "Writes store/claims/<timestamp>/claims.md, claims.html and claims.json; every "
-                                   "run is a normal store folder below it. Exit status 1 when a claim is "
-                                   "contradicted.",
+                                   "run is a normal store folder below it (runs/), with its output in logs/. "
+                                   "Ctrl-C stops the runs under way (each cleans up and checks what it "
+                                   "recorded) and tables what finished.\n\nExit status: 1 when a claim is "
+                                   "contradicted; 130 when interrupted; 0 otherwise.",
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     claims.add_argument("--db", choices=("reference", "kafka", "both"), default="reference",
                         help="the systems to run on (default reference: faultline's own broker)")
@@ -408,6 +417,9 @@ def build_parser() -> argparse.ArgumentParser:
     claims.add_argument("--only", action="append", metavar="NAME", help="run only this claim (repeatable)")
     claims.add_argument("--quick", action="store_true",
                         help="shorter runs (each claim's [quick] settings) and one seed: for CI")
+    claims.add_argument("--parallel", type=int, metavar="N",
+                        help="runs at once (default: one per 2 cores and 6 GiB of memory, so 1 on a 2-core "
+                             "machine); each has its own cluster, but runs sharing cores change each other's timing")
     claims.add_argument("--store", default="store", metavar="DIR", help="the store folder (default ./store)")
     claims.set_defaults(func=cmd_claims)
 

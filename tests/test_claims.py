@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from faultline.models.claims import (CONFIRMED, CONTRADICTED, HELD, NA, NOT_REPRODUCED, REPRODUCED, UNDECIDED,
-                                     VIOLATED, ClaimError, Side, judge_claim, judge_side, load_claim, load_claims)
+                                     VIOLATED, ClaimError, Outcome, Side, judge_claim, judge_side, load_claim, load_claims)
 from faultline.models.spec import spec_from_fields
 from faultline.runner import testmap
-from faultline.runner.claims import exit_status, markdown, run_claims, system_names, write_outputs
+from faultline.runner.claims import (INTERRUPTED, exit_status, markdown, run_claims, system_names,
+                                     write_outputs)
 
 UNSAFE = Side("unsafe", {}, ("lost-write", "unseen"), True)
 SAFE = Side("safe", {}, ("lost-write",), False)
@@ -126,7 +127,7 @@ def test_runs_are_judged_tabled_and_a_contradiction_fails(tmp_path):
         ("acks-1-loses-on-leader-death", "reference", CONFIRMED), ("acks-1-loses-on-leader-death", "kafka 4.3.1",
                                                                    UNDECIDED),
         ("hw-truncation-loses", "reference", CONTRADICTED), ("hw-truncation-loses", "kafka 4.3.1", NA)]
-    assert len(specs) == 12 and said[0] == "[1/12] acks-1-loses-on-leader-death on reference, unsafe side, seed 1"
+    assert len(specs) == 12 and said[0] == "[1/12] acks-1-loses-on-leader-death on reference, unsafe side, seed 1: started"
     assert {s.seed for s in specs} == {1, 2} and all(s.store == str(out / "runs") for s in specs)
     write_outputs(rows, 2, out)
     table = (out / "claims.md").read_text()
@@ -142,3 +143,83 @@ def test_runs_are_judged_tabled_and_a_contradiction_fails(tmp_path):
     assert "<table id='claims'>" in (out / "claims.html").read_text()
     assert exit_status(rows) == 1 and exit_status(rows[:2]) == 0
     assert markdown(rows, 2) == table
+
+
+def fake_runs(shown: dict[tuple[str, int], list[str]], on_run=None):
+    """A `run` for run_claims: a store folder whose results.json shows `shown[(name, seed)]`."""
+    def run(spec):
+        if on_run is not None:
+            on_run(spec)
+        folder = Path(spec.store) / spec.name / f"seed{spec.seed}"
+        folder.mkdir(parents=True)
+        kinds = shown.get((spec.name, spec.seed), [])
+        (folder / "results.json").write_text(json.dumps({"valid": not kinds, "anomaly_types": kinds}))
+        return (0 if not kinds else 1), folder
+    return run
+
+
+def test_parallel_runs_overlap_and_judge_exactly_as_one_at_a_time(tmp_path):
+    import threading
+    import time
+
+    claims = load_claims(only=["acks-1-loses-on-leader-death", "hw-truncation-loses"])
+    shown = {("acks-1-loses-on-leader-death-unsafe-reference", 3): ["lost-write"],
+             ("hw-truncation-loses-unsafe-reference", 2): ["reused-offset"]}
+    lock, live, most = threading.Lock(), [0], [0]
+
+    def on_run(spec):
+        with lock:
+            live[0] += 1
+            most[0] = max(most[0], live[0])
+        time.sleep(0.05)
+        with lock:
+            live[0] -= 1
+
+    tables = []
+    for parallel in (1, 3):
+        out = tmp_path / f"p{parallel}"
+        rows = run_claims(claims, system_names("reference", []), 3, False, out, run=fake_runs(shown, on_run),
+                          say=lambda text: None, parallel=parallel)
+        assert most[0] == parallel
+        most[0] = 0
+        tables.append(markdown(rows, 3).replace(str(out), "OUT"))
+        assert [r.verdict for r in rows] == [CONFIRMED, CONFIRMED] and exit_status(rows) == 0
+        # Each side lists its runs in seed order, whatever order they finished in.
+        assert rows[0].sides["unsafe"][2] == [str(out / "runs" / "acks-1-loses-on-leader-death-unsafe-reference" /
+                                                  f"seed{k}") for k in (1, 2, 3)]
+    assert tables[0] == tables[1]
+
+
+def test_sigterm_stops_the_runs_and_the_tables_judge_what_finished(tmp_path):
+    import os
+    import signal
+
+    claims = load_claims(only=["acks-1-loses-on-leader-death"])
+    count = [0]
+
+    def on_run(spec):
+        count[0] += 1
+        if count[0] == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    said = []
+    out = tmp_path / "claims"
+    rows = run_claims(claims, system_names("reference", []), 3, False, out,
+                      run=fake_runs({("acks-1-loses-on-leader-death-unsafe-reference", 1): ["lost-write"]}, on_run),
+                      say=said.append)
+    # The two runs that started finished and count; the other four never started.
+    [row] = rows
+    unsafe, safe = row.sides["unsafe"], row.sides["safe"]
+    assert (unsafe[1].verdict, unsafe[1].runs, unsafe[1].showing) == (REPRODUCED, 2, 1)
+    assert (safe[1].verdict, safe[1].runs) == (UNDECIDED, 0)
+    assert row.verdict == UNDECIDED and row.interrupted and count[0] == 2
+    assert exit_status(rows) == INTERRUPTED
+    assert any(text.startswith("interrupted (SIGTERM): stopping the runs under way") for text in said)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    write_outputs(rows, 3, out)
+    assert "Interrupted: each side is judged from the runs that finished." in (out / "claims.md").read_text()
+    assert "<b>Interrupted</b>" in (out / "claims.html").read_text()
+
+
+def test_a_side_without_runs_is_undecided_never_held():
+    assert judge_side(SAFE, []) == judge_side(UNSAFE, []) == Outcome(UNDECIDED, 0, 0, 0, None)

@@ -275,3 +275,61 @@ def test_kill_producer_sigkills_one_live_producer_session_by_its_pid_file(tmp_pa
     finally:
         producer.kill()
     assert "new producer session" in by_f["producers-restart"].invoke({"f": "producers-restart"})["note"]
+
+
+class ReplicaDB(RecordingDB):
+    """Three replicas per partition with an ISR: a killed broker leaves every ISR but the last
+    member's; a leaderless partition takes the first replica that starts (unclean election)."""
+
+    def __init__(self):
+        super().__init__()
+        self.isr = {p: {"n1", "n2", "n3"} for p in range(3)}
+        self.leaders = {0: "n1", 1: "n2", 2: "n3"}
+
+    def kill(self, node):
+        super().kill(node)
+        for p, isr in self.isr.items():
+            if len(isr) > 1:
+                isr.discard(node)
+            if self.leaders[p] == node:
+                live = sorted(n for n in isr if n not in self.down)
+                self.leaders[p] = live[0] if live else None
+        return 1000 + int(node[1:])
+
+    def start(self, node):
+        super().start(node)
+        for p in self.isr:
+            if self.leaders[p] is None:
+                self.leaders[p], self.isr[p] = node, {node}
+
+    def leader(self, topic, partition):
+        return self.leaders[partition]
+
+    def in_sync_replicas(self, topic, partition):
+        return sorted(self.isr[partition])
+
+
+@pytest.mark.parametrize("kind, fault, elect, stale", [("stale-election", "kill-follower", "elect-stale", 1),
+                                                       ("lone-leader", "kill-followers", "elect-follower", 2)])
+def test_the_election_nemeses_leave_followers_behind_then_start_one_first(kind, fault, elect, stale):
+    db = ReplicaDB()
+    nemeses, pairs = catalog.build([kind], db, ["n1", "n2", "n3"], KEYS)
+    assert pairs == [(fault, elect)]
+    value = nemeses[fault].invoke({"f": fault, "seed": 4})
+    key, leader = value["key"], value["leader"]
+    followers = sorted({"n1", "n2", "n3"} - {leader})
+    assert len(value["nodes"]) == stale and set(value["nodes"]) <= set(followers)
+    assert value["isr"] == sorted({"n1", "n2", "n3"} - set(value["nodes"]))
+    if kind == "lone-leader":
+        assert value["isr"] == [leader], "every follower left the ISR: the leader is alone"
+    again = nemeses[fault].invoke({"f": fault, "seed": 5})
+    assert again["nodes"] == [] and "already stale" in again["note"]
+    elected = nemeses[elect].invoke({"f": elect})
+    first = value["nodes"][0]
+    assert (elected["key"], elected["started_first"], elected["stale_elected"], elected["leader_then"]) == (
+        key, first, True, first)
+    assert sorted(elected["nodes"]) == value["isr"] and sorted(elected["restarted"]) == ["n1", "n2", "n3"]
+    # The replicas still in sync die after the stale ones; the stale one that starts first leads.
+    kills = [n for c, n in db.calls if c == "kill"]
+    assert kills == value["nodes"] + sorted(elected["nodes"])
+    assert [n for c, n in db.calls if c == "start"][0] == first and not db.down

@@ -133,7 +133,7 @@ def test_every_fault_the_nemeses_start_is_in_the_table_with_what_ends_it():
 
     pairs = [(c.fs[0], c.fs[1] if len(c.fs) > 1 else None) for c in (
         process.KillNemesis, process.PauseNemesis, process.PowerLossNemesis, process.RollingRestartNemesis,
-        process.StaleElectionNemesis, partition.PartitionNemesis)]
+        process.StaleElectionNemesis, process.LoneLeaderNemesis, partition.PartitionNemesis)]
     pairs += list(process.ClockNemesis.pairs)
     pairs += [(f"kill-{role}", end) for role, end in clients.ENDS.items()]
     assert {start: end for start, end in pairs if end} == ENDS
