@@ -4,6 +4,7 @@ with their record of how each key ended."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -289,3 +290,21 @@ def test_a_resending_worker_sends_what_an_info_send_left_unacknowledged_first_in
         op, gen = gen.op(ctx)
     # Then on as before: new values only.
     assert op["f"] != "send" or all(m["value"] < 1000 for m in op["mops"])
+
+
+@pytest.mark.parametrize("latency, mean_gap", [(0.02, 0.1), (0.3, 0.3)])
+def test_a_worker_keeps_the_asked_rate_while_its_operations_are_quicker_than_it(latency, mean_gap):
+    # 3 workers at 30 ops/s: one operation every 0.1 s each, on average. Operations that take
+    # 20 ms keep that rate (they do not add to the gaps); operations that take 0.3 s go back to
+    # back, and a worker never bursts to make up for the time they took.
+    gen = QueueGenerator.start(7, 0, 3, KEYS, 3, rate=30)
+    free_at, starts = 0.0, []
+    for _ in range(2000):
+        op, gen = gen.op(Context(free_at, frozenset([0]), (0,), {0: 0}, {0: free_at}))
+        start = max(op["at"], free_at)
+        starts.append(start)
+        free_at = start + latency
+        gen = done(gen, Context(free_at, frozenset([0]), (0,), {0: 0}, {0: free_at}), op)
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert sum(gaps) / len(gaps) == pytest.approx(mean_gap, rel=0.05)
+    assert min(gaps) >= latency - 1e-9

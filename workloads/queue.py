@@ -270,8 +270,11 @@ def parse_key(key: str) -> tuple[str, int]:
 @dataclass(frozen=True)
 class QueueGenerator:
     """The operation stream of one worker, a generator value (`workloads.generator`): `assign`
-    first and again after its process crashed, then sends, polls and the odd re-assign, each due a
-    random delay (mean concurrency/rate) after the worker became free."""
+    first and again after its process crashed, then sends, polls and the odd re-assign. Each is
+    due a random delay (mean concurrency/rate) after the one before was due, or as soon as the
+    worker is free when it is late: the worker keeps the asked rate as long as its operations take
+    less than that mean, and goes back to back when they take longer (never in a burst that
+    makes up for lost time)."""
 
     worker: int
     concurrency: int
@@ -287,6 +290,7 @@ class QueueGenerator:
     # ended), the successor's first send is of the values not acknowledged, again (`resend`).
     resend: bool = False
     unsent: tuple = ()  # the values to send again
+    due: float | None = None  # when the previous operation was due
 
     TXN_MOPS = 4
     # Under subscribe: the share of operations that end the process, its consumer leaving the group
@@ -345,8 +349,11 @@ class QueueGenerator:
             else:
                 op = self._assign_op(rng)
         delay = rng.uniform(0, 2 * self.concurrency / self.rate)
-        op = fill({**op, "at": ctx.since(thread) + delay}, ctx, thread)
-        return op, dataclasses.replace(self, state=rng.getstate(), sent=sent, assigned=assigned, unsent=unsent)
+        free = ctx.since(thread)
+        due = free + delay if self.due is None else max(free, self.due + delay)
+        op = fill({**op, "at": due}, ctx, thread)
+        return op, dataclasses.replace(self, state=rng.getstate(), sent=sent, assigned=assigned, unsent=unsent,
+                                       due=due)
 
     def update(self, ctx, event):
         if event["type"] == "info":
