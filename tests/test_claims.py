@@ -46,7 +46,7 @@ def test_a_side_table_of_fields_merges_key_by_key_and_quick_shortens():
     assert safe.fields["broker_settings"] == {"replica.fetch.wait.max.ms": "2000",
                                               "replica.fetch.min.bytes": "100000000", "min.insync.replicas": "2"}
     assert (unsafe.fields["rate"], claim.plan("reference").sides[0].fields["rate"]) == (80, 3000)
-    assert claim.plan("reference", quick=True).sides[0].fields["time_limit"] == 20
+    assert claim.plan("reference", quick=True).sides[0].fields["time_limit"] == 15
 
 
 def test_a_version_can_take_a_claim_out_with_its_reason():
