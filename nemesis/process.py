@@ -292,10 +292,16 @@ class StaleElectionNemesis:
         stale = rng.sample(followers, len(followers)) if self.all_followers else [rng.choice(followers)]
         pids = {n: self.db.kill(n) for n in stale}
         self.stale, self.down = (key, stale), list(stale)
-        wait_until(lambda: not set(stale) & set(self.db.in_sync_replicas(topic, partition)), self.out_of_isr_timeout,
-                   f"{', '.join(stale)} stayed in the ISR of {key} after being killed")
-        return {"nodes": stale, "key": key, "leader": leader, "signal": "SIGKILL", "pids": pids,
-                "isr": self.db.in_sync_replicas(topic, partition)}
+        seen: dict[str, list[str]] = {}
+
+        def left() -> bool:
+            # The ISR the wait saw last is the one reported: asking again after it can fail while
+            # brokers die (an Admin call timing out), and wait_until retries such failures itself.
+            seen["isr"] = self.db.in_sync_replicas(topic, partition)
+            return not set(stale) & set(seen["isr"])
+
+        wait_until(left, self.out_of_isr_timeout, f"{', '.join(stale)} stayed in the ISR of {key} after being killed")
+        return {"nodes": stale, "key": key, "leader": leader, "signal": "SIGKILL", "pids": pids, "isr": seen["isr"]}
 
     def _elect_stale(self) -> Any:
         if self.stale is None:

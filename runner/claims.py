@@ -199,7 +199,7 @@ def run_claims(claims: list[Claim], systems: list[tuple[str, str | None]], seeds
                     f"({time.monotonic() - started[job.number]:.0f} s): {run_dir}")
     except KeyboardInterrupt as exc:
         interrupted = True
-        say(f"interrupted ({exc or 'SIGINT'}): stopping the runs under way; each cleans up and checks what it "
+        say(f"interrupted ({str(exc) or 'SIGINT'}): stopping the runs under way; each cleans up and checks what it "
             f"recorded, then the tables judge the {len(results)} finished run(s) and those")
         for future in pending:
             future.cancel()
