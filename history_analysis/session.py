@@ -164,7 +164,7 @@ def materialise(df: DataFrame) -> DataFrame:
     local checkpoint cuts the plan (keeping the partitioning by key, so no
     query shuffles again). Free it with `release`.
     """
-    return df.localCheckpoint(eager=True)
+    return df.localCheckpoint(eager=True, storageLevel=StorageLevel.DISK_ONLY)
 
 
 def release(df: DataFrame) -> None:
