@@ -51,6 +51,15 @@ def runs(row: dict, side: str) -> list[Path]:
     return [Path(f) for f in row["sides"][side]["runs"]]
 
 
+def each_run(rows: dict, claim: str):
+    """(system, side, run folder) of every run of `claim`."""
+    for system in SYSTEMS:
+        row = rows[(claim, system)]
+        for side in row["sides"]:
+            [run_dir] = runs(row, side)
+            yield system, side, run_dir
+
+
 def results(run_dir: Path) -> dict:
     return json.loads((run_dir / "results.json").read_text())
 
@@ -110,15 +119,14 @@ def test_acks_1_loses_what_the_killed_leader_alone_held_and_acks_all_waits_for_a
 
 def test_a_leader_alone_in_the_isr_acknowledges_what_an_unclean_election_then_loses(quick):
     _, _, rows = quick
+    for system, side, run_dir in each_run(rows, "isr-of-leader-alone"):
+        # The first round (a run may start a second one before it ends).
+        alone = nemesis(run_dir, "kill-followers")[0]
+        assert alone["isr"] == [alone["leader"]] and len(alone["nodes"]) == 2, (system, side, alone)
+        elected = nemesis(run_dir, "elect-follower")[0]
+        assert elected["stale_elected"] is True and elected["leader_then"] == elected["started_first"], elected
     for system in SYSTEMS:
         row = rows[("isr-of-leader-alone", system)]
-        for side in ("unsafe", "safe"):
-            [run_dir] = runs(row, side)
-            # The first round (a run may start a second one before it ends).
-            alone = nemesis(run_dir, "kill-followers")[0]
-            assert alone["isr"] == [alone["leader"]] and len(alone["nodes"]) == 2, (system, side, alone)
-            elected = nemesis(run_dir, "elect-follower")[0]
-            assert elected["stale_elected"] is True and elected["leader_then"] == elected["started_first"], elected
         # min.insync.replicas=1: writes acknowledged by the leader alone are lost with it; with 2
         # they were refused (NOT_ENOUGH_REPLICAS), so the stale follower lacked nothing acknowledged.
         assert "lost-write" in results(runs(row, "unsafe")[0])["anomaly_types"], system
@@ -127,13 +135,11 @@ def test_a_leader_alone_in_the_isr_acknowledges_what_an_unclean_election_then_lo
 
 def test_a_power_loss_of_every_node_loses_what_no_one_flushed(quick):
     _, _, rows = quick
+    for system, side, run_dir in each_run(rows, "power-loss-without-fsync"):
+        outages = nemesis(run_dir, "power-off")
+        assert outages and outages[0]["nodes"] == ["n1", "n2", "n3"], (system, side)
     for system in SYSTEMS:
-        row = rows[("power-loss-without-fsync", system)]
-        for side in ("unsafe", "safe"):
-            [run_dir] = runs(row, side)
-            outages = nemesis(run_dir, "power-off")
-            assert outages and outages[0]["nodes"] == ["n1", "n2", "n3"], (system, side)
-        [unsafe] = runs(row, "unsafe")
+        [unsafe] = runs(rows[("power-loss-without-fsync", system)], "unsafe")
         assert sum(nemesis(unsafe, "power-off")[0]["unsynced_bytes"].values()) > 0, system
         assert results(unsafe)["anomalies"]["lost-write"], system
 
