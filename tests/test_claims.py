@@ -193,6 +193,7 @@ def test_parallel_runs_overlap_and_judge_exactly_as_one_at_a_time(tmp_path):
 def test_sigterm_stops_the_runs_and_the_tables_judge_what_finished(tmp_path):
     import os
     import signal
+    import time
 
     claims = load_claims(only=["acks-1-loses-on-leader-death"])
     count = [0]
@@ -201,6 +202,9 @@ def test_sigterm_stops_the_runs_and_the_tables_judge_what_finished(tmp_path):
         count[0] += 1
         if count[0] == 2:
             os.kill(os.getpid(), signal.SIGTERM)
+            # The run under way goes on while the main thread stops the others (as a child run
+            # cleans up and checks before it ends).
+            time.sleep(0.5)
 
     said = []
     out = tmp_path / "claims"
