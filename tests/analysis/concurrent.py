@@ -159,7 +159,7 @@ Faults (at most one per scenario, injected at a random step of the run):
   {unseen}, plus lost-write when a visible record lies above it, plus the
   chain witnesses (poll-skip, int-poll-skip) that step over its offset,
   cause "lost"; the final reads are short of the end when it is the last
-  record of its key;
+  record of its key (and unseen alone then proves nothing: the run is unknown);
 - "truncated": just before the final reads, a key loses its last record,
   acknowledged (by an ok send, or to an info send); the final reads are
   told the shorter end -> {lost-write}, plus uncommitted-read if an ok poll
