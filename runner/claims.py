@@ -182,21 +182,23 @@ def run_claims(claims: list[Claim], systems: list[tuple[str, str | None]], seeds
         status, run_dir = children(job.spec, job.number) if children else run(job.spec)
         return job, status, run_dir
 
+    def finish(job: Job, status: int, run_dir: Path | None) -> None:
+        if run_dir is None:
+            # Never started, or ended before making a store folder: not a run to judge.
+            say(f"[{job.number}/{len(jobs)}] {job.what}: no run (exit status {status})")
+            return
+        result = _results(run_dir)
+        results[job.number] = (result, str(run_dir))
+        say(f"[{job.number}/{len(jobs)}] {job.what}: {_said(result)} "
+            f"({time.monotonic() - started[job.number]:.0f} s): {run_dir}")
+
     pending = {pool.submit(one, job) for job in jobs}
     interrupted = False
     try:
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for future in done:
-                job, status, run_dir = future.result()
-                if run_dir is None:
-                    # Never started, or ended before making a store folder: not a run to judge.
-                    say(f"[{job.number}/{len(jobs)}] {job.what}: no run (exit status {status})")
-                    continue
-                result = _results(run_dir)
-                results[job.number] = (result, str(run_dir))
-                say(f"[{job.number}/{len(jobs)}] {job.what}: {_said(result)} "
-                    f"({time.monotonic() - started[job.number]:.0f} s): {run_dir}")
+                finish(*future.result())
     except KeyboardInterrupt as exc:
         interrupted = True
         say(f"interrupted ({str(exc) or 'SIGINT'}): stopping the runs under way; each cleans up and checks what it "
@@ -208,11 +210,9 @@ def run_claims(claims: list[Claim], systems: list[tuple[str, str | None]], seeds
         for future in pending:
             if not future.cancelled():
                 try:
-                    job, status, run_dir = future.result()
+                    finish(*future.result())
                 except Exception:  # noqa: BLE001 - an interrupted run that left nothing is simply not judged
                     continue
-                if run_dir is not None:
-                    results[job.number] = (_results(run_dir), str(run_dir))
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
         if previous is not None:
