@@ -298,11 +298,11 @@ def _facts(history: History) -> DataFrame:
     final chain); per key and offset: `fvalues`, `ffirst` (the values the final chain read
     there, and its first read (op, value)), `omin`, `omax` (the least and greatest value the log
     holds there); per key and value: `was_sent`, `was_read`, `was_read_ok`, `sent_not_failed`,
-    `send_op` (its first sender), `vmin`, `vmax` (the lowest and highest offset the log holds it
-    at), on a send `at` (offset, rank, nexts, shared: whether the log holds another value at
-    that offset too) of the send's place in the version order (its acknowledged offset, or else its
-    value's position; null: unknown), on a record
-    `senders` (the operations that sent its value); for lost-write,
+    `send_op`, `last_send_op` (its first and last sender), `vmin`, `vmax` (the lowest and highest
+    offset the log holds it at), on a send `at` (offset, rank, nexts, shared: whether the log
+    holds another value at that offset too) of the send's place in the version order (its
+    acknowledged offset, or else its value's position; null: unknown), on a record `senders`
+    (the operations that sent its value, each with the offset it was acknowledged at); for lost-write,
     `passed` (on an acknowledged send: (op, offset) of the earliest ok poll that returned a higher
     offset), `passed_any` and `first_missing` (per value: a poll passed an acknowledged send of it;
     (late, op, pos) of its first acknowledged send the complete final log lacks).
@@ -354,6 +354,7 @@ def _facts(history: History) -> DataFrame:
             f"max(kind = 'r' AND type = 'ok') {by_value} AS was_read_ok",
             f"max(kind = 's' AND type != 'fail') {by_value} AS sent_not_failed",
             f"min(CASE WHEN kind = 's' THEN op END) {by_value} AS send_op",
+            f"max(CASE WHEN kind = 's' THEN op END) {by_value} AS last_send_op",
             # Only a value at two offsets of the log is a duplicate.
             f"min(lo) {by_value} AS vmin", f"max(lo) {by_value} AS vmax",
             # A send's place in the version order: its own acknowledged offset (the log holds its
@@ -363,8 +364,10 @@ def _facts(history: History) -> DataFrame:
             "CASE WHEN kind = 's' THEN coalesce(CASE WHEN lo IS NOT NULL THEN struct(lo AS offset, rank, nexts, "
             "omin != omax AS shared) END, min(CASE WHEN lo IS NOT NULL THEN struct(lo AS offset, rank, nexts, "
             f"omin != omax AS shared) END) {by_value}) END AS at",
-            # Write-read dependencies: on a record, the operations that sent its value.
-            f"CASE WHEN kind = 'r' THEN collect_set(CASE WHEN kind = 's' THEN op END) {by_value} END AS senders",
+            # Write-read dependencies: on a record, the operations that sent its value, with the
+            # offsets they were acknowledged at.
+            f"CASE WHEN kind = 'r' THEN collect_set(CASE WHEN kind = 's' THEN struct(op, CASE WHEN acked THEN offset "
+            f"END AS at) END) {by_value} END AS senders",
             # lost-write: an acknowledged send of the value that a poll passed; the first acknowledged
             # send (in history order) that the complete final log lacks.
             f"max(acked AND passed IS NOT NULL) {by_value} AS passed_any",
@@ -712,18 +715,25 @@ def _dependencies(facts: DataFrame) -> tuple[DataFrame, DataFrame]:
                 .agg(F.array_sort(F.collect_list(F.struct("src", "dst"))).alias("e"))
                 .selectExpr("key", f"'{kind}' AS kind", "e.src AS src", "e.dst AS dst"))
 
-    # A writer of key k: an operation of any outcome with a send whose position is known; its
-    # position in k is the lowest of its sends', and none when that offset holds another value
-    # too; each to the next (by position, then operation).
-    writers = (facts.filter("kind = 's' AND at IS NOT NULL").groupBy("key", "op")
+    # A writer of key k: an operation of any outcome with a send whose position is known (and, if
+    # unacknowledged, of a value no other operation sent); its position in k is the lowest of its
+    # sends', and none when that offset holds another value too; each to the next (by position,
+    # then operation).
+    writers = (facts.filter("kind = 's' AND at IS NOT NULL AND (acked OR send_op = last_send_op)")
+               .groupBy("key", "op")
                .agg(F.expr("min(struct(at.offset, at.shared))").alias("first"))
                .filter("NOT first.shared").selectExpr("key", "op", "first.offset AS at"))
     ww = (writers.selectExpr("key", "op AS src", "lead(op) OVER (PARTITION BY key ORDER BY at, op) AS dst")
           .filter("dst IS NOT NULL"))
-    # From every sender of (k, v) to every other operation whose poll (any outcome) returned it.
-    # An edge found twice (an operation read two values of one writer) is one.
-    wr = (facts.filter("kind = 'r'").selectExpr("key", "explode(senders) AS src", "op AS dst").filter("src != dst")
-          .distinct())
+    # To every operation whose poll (any outcome) returned (k, v) at offset o, from its writer: the
+    # sends of (k, v) acknowledged at o, or else the one operation that sent it; a value sent by
+    # two operations, neither acknowledged at o, has no known writer there. An edge found twice
+    # (an operation read two values of one writer) is one.
+    wr = (facts.filter("kind = 'r'")
+          .selectExpr("key", "op AS dst", "filter(senders, s -> s.at = offset).op AS there", "senders.op AS all")
+          .selectExpr("key", "dst", "explode(CASE WHEN size(there) > 0 THEN there WHEN size(all) = 1 THEN all "
+                                    "ELSE array() END) AS src")
+          .filter("src != dst").select("key", "src", "dst").distinct())
     hubs = (facts.filter("kind = 'r' OR (kind = 's' AND at IS NOT NULL)")
             .select("op", "invoke", "process", "type").distinct()
             .groupBy(F.expr(f"pmod(op, {_CHUNKS})").alias("chunk"))

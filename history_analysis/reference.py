@@ -603,12 +603,19 @@ def _dependencies(evs: list[Event], pos: dict[tuple, int],
     writer-of, readers-of, ww-graph, wr-graph). `shared`: the (key, offset) the log holds two or
     more values at."""
     writer_of: dict[tuple, set[int]] = defaultdict(set)
+    acked_at: dict[tuple, set[int]] = defaultdict(set)  # (key, value, offset) -> sends acknowledged there
     position: dict[tuple, int] = {}  # (key, op) -> the lowest position of op's sends to key
     nodes = set()
     for e in evs:
+        if e.kind == "s" and e.acked:
+            acked_at[(e.key, e.value, e.offset)].add(e.op)
         if e.kind == "s" and (e.key, e.value) in pos:
             writer_of[(e.key, e.value)].add(e.op)
             nodes.add(e.op)
+    for e in evs:
+        # An unacknowledged send of a value that another operation sent too has no known place:
+        # the copy at the value's position may be the other's.
+        if e.kind == "s" and (e.key, e.value) in pos and (e.acked or len(writer_of[(e.key, e.value)]) == 1):
             at = _send_position(e, pos)
             position[(e.key, e.op)] = min(position.get((e.key, e.op), at), at)
     # A writer placed at an offset that holds another value too has no place in the order.
@@ -623,9 +630,13 @@ def _dependencies(evs: list[Event], pos: dict[tuple, int],
             edges.add((a, b, "ww", key))
     for e in evs:
         if e.kind == "r":
-            for w in writer_of.get((e.key, e.value), ()):
-                if w != e.op:
-                    edges.add((w, e.op, "wr", e.key))
+            senders = acked_at.get((e.key, e.value, e.offset)) or writer_of.get((e.key, e.value), set())
+            # A value sent by two operations, neither acknowledged at the offset read, has no
+            # known writer there: either may have written that copy.
+            if len(senders) == 1 or (e.key, e.value, e.offset) in acked_at:
+                for w in senders:
+                    if w != e.op:
+                        edges.add((w, e.op, "wr", e.key))
     nodes |= {e.op for e in evs if e.kind == "r"}
     return sorted(edges), nodes
 

@@ -71,13 +71,18 @@ Dependencies between operations, as both engines derive them (Jepsen's Kafka che
 - the version order of a key: each value's position is the lowest offset at which the log of
   the key holds it (the log: what polls of any outcome returned, and acknowledged sends);
 - a writer of key k is an operation of any outcome with a send to k whose value has a position;
-  its position in k is the lowest position of the values it sent to k;
+  a send's place is its acknowledged offset, or else its value's position, but an unacknowledged
+  send of a value that another operation sent too (an application's resend) has no place (the
+  copy there may be the other's); the writer's position in k is the lowest place of its sends;
 - ww: per key, each writer to the next by position (order: position, then operation), leaving
   out a writer whose position is an offset that holds another value too (inconsistent-offsets:
   the log contradicts itself there, and a value that may have been discarded orders nothing;
   Jepsen keeps one of the values, whichever its set yields first);
 - wr: a poll of any outcome (Jepsen's readers-of takes every completion) in operation R returned
-  (k, v), and W sent v to k: from W to R, unless W is R.
+  (k, v) at offset o, and W wrote that record: from W to R, unless W is R. W wrote it if W's send
+  of v to k was acknowledged at o, or else if W is the one operation that sent v to k; a value
+  sent by two or more operations (an application's resend), none acknowledged at o, has no known
+  writer there (either may have written that copy) and draws no wr edge.
 Every operation that writes a value with a position or returned a record is a node (listed in
 `hubs` with its invocation's index, its process and its type, so that the checker adds process and
 real-time order between them): with order edges any such operation can lie on a cycle, a read from

@@ -55,6 +55,8 @@ def execute(test: testmap.Test, history: HistoryWriter, run_dir: Path,
         test.db.setup()
         test.db.create_topics(spec.topic_names, spec.partitions, spec.effective_replication_factor)
         bootstrap = test.db.bootstrap
+        if test.workload.setup is not None:
+            test.workload.setup(bootstrap)
         interpreter = Interpreter(test.generator, spec.concurrency,
                                   lambda process: test.workload.client(bootstrap, process), history,
                                   NemesisClient(test.nemeses) if test.nemeses else None)

@@ -35,7 +35,9 @@ class Workload:
     `client(bootstrap, process)`: a new, unopened client; `hints`: what the model needs to know of how
     clients consume (`consumer_mode`: "assign" or "subscribe"; `transactions`); `final_unhealed(why)`:
     the final phase after a heal that did not succeed, which must not read from the broken cluster
-    as if healed (the queue workload's records that no key was read; None: no final phase then)."""
+    as if healed (the queue workload's records that no key was read; None: no final phase then);
+    `setup(bootstrap)`: what the cluster must be ready for before the first operation, once its
+    topics exist (raises when it cannot be; None: nothing)."""
 
     name: str
     generator: Any
@@ -43,3 +45,4 @@ class Workload:
     client: Callable[[str, int], Client]
     hints: dict[str, Any] = field(default_factory=dict)
     final_unhealed: Callable[[str], Any] | None = None
+    setup: Callable[[str], None] | None = None

@@ -1118,11 +1118,59 @@ def resent_by_a_process_after_its_own_write(s):
     s.poll(c, [(k, 0, 1), (k, 1, 2), (k, 2, 1)])
 
 
+@scenario
+def read_before_its_resend(s):
+    # p's send of 1 timed out but was written at 0; c read it there; r, a new session invoked after
+    # c's poll completed, sent 1 again (timing out too) and q wrote 2 after c's poll. c read p's
+    # copy: taking r for its writer would make the poll read from the future (G1c-realtime), and
+    # placing r at 0 would order it before q, which completed before r began (G0-realtime).
+    k, p, q, r, c = s.key(), s.process(), s.process(), s.process(), s.process()
+    s.send(p, [(k, 1, None)], "info")
+    s.poll(c, [(k, 0, 1)])
+    s.send(q, [(k, 2, 1)])
+    s.send(r, [(k, 1, None)], "info")
+    s.assign(c, [k], seek=True)
+    s.poll(c, [(k, 0, 1), (k, 1, 2)])
+
+
+@scenario
+def read_before_its_acknowledged_resend(s):
+    # The same, with r's resend acknowledged at 2 and read there: the poll of offset 0 read p's
+    # copy, the one of offset 2 r's.
+    k, p, q, r, c = s.key(), s.process(), s.process(), s.process(), s.process()
+    s.send(p, [(k, 1, None)], "info")
+    s.poll(c, [(k, 0, 1)])
+    s.send(q, [(k, 2, 1)])
+    s.send(r, [(k, 1, 2)])
+    s.assign(c, [k], seek=True)
+    s.poll(c, [(k, 0, 1), (k, 1, 2), (k, 2, 1)])
+
+
+@scenario
+def read_of_a_resend_from_the_future(s):
+    # Against the two above: r's resend was acknowledged at 2, and c read offset 2 before r was
+    # invoked. That copy is r's, so the read is from the future.
+    k, p, q, r, c = s.key(), s.process(), s.process(), s.process(), s.process()
+    s.send(p, [(k, 1, None)], "info")
+    s.send(q, [(k, 2, 1)])
+    poll = s.poll(c, [(k, 0, 1), (k, 1, 2), (k, 2, 1)])
+    again = s.send(r, [(k, 1, 2)])
+    return {"poll": poll, "again": again}
+
+
 def test_a_resent_value_is_ordered_where_its_acknowledged_send_wrote_it(found):
     f, ix = found("resent_after_another_write")
     assert set(f) == {"resent-duplicate"}
     assert [s["op"] for s in f["resent-duplicate"][0]["sends"]] == [ix["first"], ix["again"]]
     assert set(found("resent_by_a_process_after_its_own_write")[0]) == {"resent-duplicate"}
+
+
+def test_a_copy_of_a_resent_value_is_attributed_only_to_the_send_acknowledged_there(found):
+    assert found("read_before_its_resend")[0] == {}
+    assert set(found("read_before_its_acknowledged_resend")[0]) == {"resent-duplicate"}
+    f, ix = found("read_of_a_resend_from_the_future")
+    assert set(f) == {"G1c-realtime", "resent-duplicate"}
+    assert f["G1c-realtime"][0]["ops"] == [ix["poll"], ix["again"]]
 
 
 # --- Jepsen's Kafka semantics, rule by rule (each both ways) ------------------------------

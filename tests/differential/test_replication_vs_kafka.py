@@ -121,7 +121,13 @@ def joining_follower(side: Side, prefix: str) -> dict:
             # Followers idle at the log end stay in the ISR (point 6): a write makes them lag.
             answers["acks=1 cut off from the followers"] = produce(leader, topic, one(b"b"), acks=1)
             side.wait_isr(topic, roles, ["leader"], timeout=6 * LAG_S)
-            answers["acks=all with the leader alone"] = produce(leader, topic, one(b"c"))[0]
+            alone = produce(leader, topic, one(b"c"))[0]
+            if alone == ErrorCode.request_timed_out:
+                # Kafka's leader takes up an ISR shrink when the controller answers its AlterPartition,
+                # which can come after ZooKeeper and the leader's metadata show it: an acks=all sent in
+                # between waits for the old ISR. Timing, not an answer.
+                raise TimeoutError("the acks=all met the ISR shrink still pending at the leader")
+            answers["acks=all with the leader alone"] = alone
             # f1 (played by this test: its broker is cut off) reaches the log end while the ISR
             # change that would add it cannot be written: Kafka's PendingExpandIsr.
             side.pause_zookeeper()

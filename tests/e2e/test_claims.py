@@ -133,6 +133,20 @@ def test_a_leader_alone_in_the_isr_acknowledges_what_an_unclean_election_then_lo
         assert row["sides"]["safe"]["verdict"] == "HELD", system
 
 
+def test_an_unclean_election_of_a_stale_replica_loses_acknowledged_writes_and_a_clean_one_waits(quick):
+    _, _, rows = quick
+    row = rows[("unclean-election-trades-loss", "reference")]
+    [unsafe], [safe] = runs(row, "unsafe"), runs(row, "safe")
+    # The first round: the stale follower, started first, became leader only where unclean
+    # election was on; there the writes the ISR had acknowledged since it fell behind are lost.
+    assert nemesis(unsafe, "elect-stale")[0]["stale_elected"] is True
+    assert nemesis(safe, "elect-stale")[0]["stale_elected"] is False
+    lost = results(unsafe)["anomalies"]["lost-write"]
+    assert lost and all("acknowledged" in w["explanation"] for w in lost)
+    assert results(unsafe)["valid"] is False and "lost-write" in results(unsafe)["bad_anomaly_types"]
+    assert results(safe)["valid"] is True and results(safe)["stats"]["by_f"]["send"]["ok"] > 0
+
+
 def test_a_power_loss_of_every_node_loses_what_no_one_flushed(quick):
     _, _, rows = quick
     for system, side, run_dir in each_run(rows, "power-loss-without-fsync"):

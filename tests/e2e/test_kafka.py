@@ -60,8 +60,9 @@ def faults(run_dir: Path) -> list[dict]:
             if op["process"] == "nemesis" and op["type"] == "info" and op["f"] != "heal"]
 
 
-# The newest Kafka for the whole minute of faults; 3.9 for half of it, to keep CI's time.
-@pytest.mark.parametrize("version, seconds", [("4.3.1", 60), ("3.9.1", 30)])
+# The newest Kafka for 40 s of faults, 3.9 for 30 s, to keep CI's time (the claims test runs
+# acks-all-survives-faults on 4.3.1 too).
+@pytest.mark.parametrize("version, seconds", [("4.3.1", 40), ("3.9.1", 30)])
 def test_a_safe_run_under_partitions_kills_and_pauses_is_valid(tmp_path, version, seconds):
     # acks=all and idempotence are the default producer; RF 3 on 3 nodes; min.insync.replicas=2.
     proc, run_dir, results = run_kafka(
