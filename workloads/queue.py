@@ -760,30 +760,32 @@ def queue_workload(spec, name: str, make_client, main=None) -> Workload:
         final_unhealed=final,
         client=client,
         hints={"consumer_mode": traits.consumer_mode, "transactions": traits.transactions},
-        setup=(lambda bootstrap: wait_group_coordinator(bootstrap, GROUP)) if "group" in traits.coordinators else None,
+        setup=((lambda bootstrap: wait_group_coordinator(bootstrap, GROUP, spec.keys[0]))
+               if "group" in traits.coordinators else None),
     )
 
 
 GROUP_READY_S = 90
 
 
-def wait_group_coordinator(bootstrap: str, group: str, timeout: float = GROUP_READY_S) -> None:
-    """Wait until the broker coordinating `group` answers for it (a describe of the group, which
-    exists or not). Kafka creates the offsets topic and loads a coordinator's partition on the
-    first request for a group; until then members get COORDINATOR_NOT_AVAILABLE or
-    COORDINATOR_LOAD_IN_PROGRESS, and a run whose faults begin then may never form its group."""
-    from confluent_kafka.admin import AdminClient
-
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+def wait_group_coordinator(bootstrap: str, group: str, key: str, timeout: float = GROUP_READY_S) -> None:
+    """Wait until the broker coordinating `group` answers for it: an OffsetFetch of `key`'s
+    partition, which needs no membership. Kafka creates the offsets topic and loads a
+    coordinator's partition on the first request for a group; until then members get
+    COORDINATOR_NOT_AVAILABLE or COORDINATOR_LOAD_IN_PROGRESS, and a run whose faults begin then
+    may never form its group."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
     deadline = time.monotonic() + timeout
-    while True:
-        [future] = admin.describe_consumer_groups([group], request_timeout=10).values()
-        try:
-            future.result(15)
-            return
-        except KafkaException as exc:
-            last = exc.args[0] if exc.args else exc
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"the coordinator of consumer group {group} on {bootstrap} did not answer in "
-                               f"{timeout:.0f} s (last: {last}): members could not have joined")
-        time.sleep(0.2)
+    try:
+        while True:
+            try:
+                consumer.committed([TopicPartition(*parse_key(key))], timeout=END_OFFSETS_TIME)
+                return
+            except KafkaException as exc:
+                last = exc.args[0] if exc.args else exc
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"the coordinator of consumer group {group} on {bootstrap} did not answer in "
+                                   f"{timeout:.0f} s (last: {last}): members could not have joined")
+            time.sleep(0.2)
+    finally:
+        consumer.close()
