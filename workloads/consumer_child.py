@@ -18,7 +18,7 @@ from __future__ import annotations
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from .child import serve
-from .queue import rebalance_entry, record_of
+from .queue import fetched, rebalance_entry, record_of
 
 
 def _key(topic: str, partition: int) -> str:
@@ -51,7 +51,7 @@ def handle(member: Member, cmd: dict) -> dict:
         return {}
     if f == "poll":
         records, error = [], None
-        for m in consumer.consume(cmd["max"], cmd["timeout"]):
+        for m in fetched(consumer, cmd["max"], cmd["timeout"]):
             if m.error() is not None:
                 if m.error().code() != KafkaError._PARTITION_EOF:
                     error = m.error().str()

@@ -262,6 +262,17 @@ def rebalance_entry(kind: str, partitions) -> dict:
     return {"type": kind, "keys": sorted(f"{p.topic}/{p.partition}" for p in partitions)}
 
 
+def fetched(consumer: Consumer, limit: int, timeout: float) -> list:
+    """One poll, as the Java consumer's poll(timeout) does it: back as soon as anything has been
+    fetched, with what else is already there, up to `limit` messages (events such as partition
+    EOF included). librdkafka's consume(n, timeout) waits for n messages or the whole timeout,
+    which idled a worker for the poll timeout on every poll."""
+    first = consumer.poll(timeout)
+    if first is None:
+        return []
+    return [first, *(consumer.consume(limit - 1, 0) if limit > 1 else [])]
+
+
 def parse_key(key: str) -> tuple[str, int]:
     topic, _, partition = key.rpartition("/")
     return topic, int(partition)
@@ -569,7 +580,7 @@ class QueueClient:
         error = None
         ends: dict[str, int] = {}  # where the consumer found a key's end
         try:
-            messages = self.consumer.consume(self.max_poll_records, self.poll_timeout)
+            messages = fetched(self.consumer, self.max_poll_records, self.poll_timeout)
         except (KafkaException, RuntimeError) as exc:
             return {"type": "fail", "mops": [{"f": "poll", "records": []}], "error": str(exc)}
         for m in messages:

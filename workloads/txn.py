@@ -37,7 +37,8 @@ import random
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from .core import Workload
-from .queue import Op, QueueClient, Report, commit_outcome, parse_key, queue_workload, record_of, send_outcome
+from .queue import (Op, QueueClient, Report, commit_outcome, fetched, parse_key, queue_workload, record_of,
+                    send_outcome)
 
 ABORTED = "aborted on purpose"
 # Share of transactions the client aborts on purpose (Jepsen's maybe-abort).
@@ -123,7 +124,7 @@ class TxnClient(QueueClient):
 
     def _consume(self, read: set[str]) -> list[dict]:
         out = []
-        for m in self.consumer.consume(self.max_poll_records, self.poll_timeout):
+        for m in fetched(self.consumer, self.max_poll_records, self.poll_timeout):
             if m.error() is not None:
                 if m.error().code() != KafkaError._PARTITION_EOF:
                     raise KafkaException(m.error())
