@@ -185,7 +185,7 @@ def read_timeline(path: str | Path) -> Timeline:
         for raw in lines:
             try:
                 line = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):  # a refused history's lines, too deep ones among them
                 continue
             if not (isinstance(line, dict) and isinstance(line.get("time"), int) and isinstance(line.get("index"), int)):
                 continue

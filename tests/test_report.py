@@ -196,6 +196,16 @@ def test_a_run_whose_test_json_is_broken_is_unknown_and_its_report_says_why(tmp_
     assert 'id="plot-latency"' in text  # the history is still drawn
 
 
+def test_a_history_refused_for_a_line_nested_too_deep_still_gets_its_report(tmp_path):
+    folder = invalid_run_with_faults(tmp_path / "run")
+    with open(folder / "history.jsonl", "a") as history:
+        history.write("[" * 100_000 + "]" * 100_000 + "\n")  # deeper than Python's JSON reader goes
+    [checked] = check_paths([folder], engine="python")
+    assert checked.results["valid"] == "unknown" and "nested deeper than" in checked.results["error"]
+    text = (folder / "report.html").read_text()
+    assert 'id="verdict">UNKNOWN' in text and 'id="plot-latency"' in text  # the lines before it are drawn
+
+
 def test_a_history_too_large_to_draw_in_memory_is_reported_without_plots(tmp_path, monkeypatch):
     folder = invalid_run_with_faults(tmp_path / "run")
     monkeypatch.setenv("FAULTLINE_REPORT_MAX_MB", "0.001")  # 1 kB
