@@ -630,13 +630,12 @@ def _dependencies(evs: list[Event], pos: dict[tuple, int],
             edges.add((a, b, "ww", key))
     for e in evs:
         if e.kind == "r":
+            # The sends acknowledged at the offset read, or else the value's one sender: a value
+            # sent by two operations, neither acknowledged there, has no known writer of that copy.
             senders = acked_at.get((e.key, e.value, e.offset)) or writer_of.get((e.key, e.value), set())
-            # A value sent by two operations, neither acknowledged at the offset read, has no
-            # known writer there: either may have written that copy.
-            if len(senders) == 1 or (e.key, e.value, e.offset) in acked_at:
-                for w in senders:
-                    if w != e.op:
-                        edges.add((w, e.op, "wr", e.key))
+            for w in senders if len(senders) == 1 or (e.key, e.value, e.offset) in acked_at else ():
+                if w != e.op:
+                    edges.add((w, e.op, "wr", e.key))
     nodes |= {e.op for e in evs if e.kind == "r"}
     return sorted(edges), nodes
 
