@@ -9,7 +9,8 @@ the runner talk to this interface only, never to a concrete db.
 Its nodes are `nodes` (the brokers: targets of process faults) and
 `support_nodes` (a coordination service such as ZooKeeper: targets of
 network faults only). Capabilities some nemeses need (power loss, wall-clock
-skew) are methods that a db without them answers with `Unsupported`.
+skew, reading a stopped replica's log from its disk) are methods that a db
+without them answers with `Unsupported`.
 
 `create_topics` is shared by every Kafka-protocol db: the admin client makes
 the test's topics and waits until each partition has a leader.
@@ -17,6 +18,7 @@ the test's topics and waits until each partition has a leader.
 
 from __future__ import annotations
 
+import struct
 from abc import ABC, abstractmethod
 from pathlib import Path
 
@@ -122,6 +124,11 @@ class DB(ABC):
         """Seconds the node's wall clock started off by: where clock faults heal to."""
         return 0
 
+    def log_end_offset(self, node: str, topic: str, partition: int) -> int | None:
+        """The end offset of the partition's log as `node`'s disk holds it while its broker is down
+        (what the broker will recover; None: no log of it there)."""
+        raise Unsupported(f"{type(self).__name__} cannot read a replica's log from its disk")
+
     def create_topics(self, topics: list[str], partitions: int, replication_factor: int) -> None:
         create_topics(topics, partitions, replication_factor, self.bootstrap)
 
@@ -151,3 +158,44 @@ def create_topics(topics: list[str], partitions: int, replication_factor: int, b
                    and all(p.leader >= 0 for p in md.topics[t].partitions.values()) for t in topics)
 
     wait_until(led, 60, f"the partitions of {topics} did not all get a leader on {bootstrap}")
+
+
+# Kafka's record batch (message format v2): baseOffset, batchLength, partitionLeaderEpoch, magic,
+# crc, attributes, lastOffsetDelta; the CRC covers attributes to the batch's end.
+_BATCH_PREFIX = struct.Struct(">qiibIhi")
+_LOG_OVERHEAD = 12
+_CRC_START = 21
+_MIN_BATCH_LENGTH = 49
+
+
+def log_end_on_disk(partition_dir: Path) -> int | None:
+    """The end offset of the log in `partition_dir` (Kafka's layout: `<20-digit base offset>.log`
+    segments of record batches), as recovery would leave it: the offset after the last batch that
+    is whole, passes its CRC and starts where the one before it ended. None when the folder holds
+    no log.
+
+    Both the reference broker and Apache Kafka lay partitions out this way. A batch torn by a kill
+    ends the scan, as it ends recovery; recovery-point checkpoints are not consulted, because every
+    batch is checked here."""
+    from crc32c import crc32c
+
+    segments = sorted(p for p in partition_dir.glob("*.log") if p.stem.isdigit() and len(p.stem) == 20)
+    if not segments:
+        return None
+    end = None
+    for segment in segments:
+        data = segment.read_bytes()
+        end = max(end or 0, int(segment.stem))
+        pos = 0
+        while len(data) - pos >= _BATCH_PREFIX.size:
+            base, length, _epoch, magic, crc, _attributes, last_delta = _BATCH_PREFIX.unpack_from(data, pos)
+            stop = pos + _LOG_OVERHEAD + length
+            # The base offset lies outside the CRC: one that does not follow on is damage too.
+            if base != end or magic != 2 or length < _MIN_BATCH_LENGTH or stop > len(data) or last_delta < 0:
+                break
+            if crc32c(data[pos + _CRC_START:stop]) != crc:
+                break
+            end, pos = base + last_delta + 1, stop
+        if pos < len(data):
+            break  # a torn or corrupt batch: recovery truncates the log here, later segments with it
+    return end

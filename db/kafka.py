@@ -115,6 +115,9 @@ class KafkaDB(ReferenceBrokerDB):
     def data_root(self, node: str) -> Path:
         return self.node_dir(node) / "data"
 
+    def partition_dir(self, node: str, topic: str, partition: int) -> Path:
+        return self.data_root(node) / "kafka-logs" / f"{topic}-{partition}"
+
     def settings(self, node: str | None = None, data_root: Path | None = None) -> dict[str, str]:
         """The node's server.properties: faultline's layout, Kafka's defaults where a small 3-node
         cluster needs other values, and the test's --broker-set last (passed through unchanged)."""
@@ -395,7 +398,7 @@ def describe_quorum_leader(host: str, port: int, timeout: float = 5.0) -> int | 
     from kio.schema.describe_quorum.v0.request import DescribeQuorumRequest, PartitionData, TopicData
     from kio.schema.request_header.v2.header import RequestHeader
     from kio.serial import entity_reader, entity_writer
-    from kio.static.primitive import i16, i32
+    from kio.static.primitive import i32
     from kio.schema.types import TopicName
     import io
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..control import lazyfs
 from ..models.spec import TestSpec
-from .core import DB, EXITED, wait_serving
+from .core import DB, EXITED, log_end_on_disk, wait_serving
 from .zookeeper import ZooKeeperDB
 
 log = logging.getLogger("faultline.db")
@@ -97,6 +97,14 @@ class ReferenceBrokerDB(DB):
 
     def address(self, node: str) -> str:
         return f"{self.remotes[node].address}:{BROKER_PORT}"
+
+    def partition_dir(self, node: str, topic: str, partition: int) -> Path:
+        return self.node_dir(node) / "data" / f"{topic}-{partition}"
+
+    def log_end_offset(self, node: str, topic: str, partition: int) -> int | None:
+        # Every backend keeps a node's home at the same path on this machine (a container's is
+        # bind-mounted), so a stopped broker's files are read here directly.
+        return log_end_on_disk(self.partition_dir(node, topic, partition))
 
     @property
     def bootstrap(self) -> str:

@@ -18,6 +18,7 @@ import random
 from typing import Any
 
 from ..control.wait import wait_until
+from ..db.core import Unsupported
 from .core import HEALED, Op, RepairFailed, finish, healed, leader_of_random_key, pick_nodes, repair_each
 
 
@@ -259,8 +260,9 @@ class StaleElectionNemesis:
 
     lone-leader (LoneLeaderNemesis): `kill-followers` SIGKILLs every in-sync follower of a random
     partition at once and waits until the ISR is the leader alone, so acks=all needs only the
-    leader (unless min.insync.replicas forbids); `elect-follower` SIGKILLs the leader and starts a
-    follower first, as above. The values say which nodes, and who led afterwards."""
+    leader (unless min.insync.replicas forbids); `elect-follower` SIGKILLs the leader and starts
+    first the follower whose log on disk is longest (`log_ends`), as above. The values say which
+    nodes, and who led afterwards."""
 
     fs = ("kill-follower", "elect-stale")
     all_followers = False
@@ -307,11 +309,11 @@ class StaleElectionNemesis:
         if self.stale is None:
             return {"nodes": [], "note": "no stale replica to elect"}
         key, stale = self.stale
-        first = stale[0]
         topic, partition = _topic_partition(key)
         in_sync = [n for n in self.db.in_sync_replicas(topic, partition) if n not in stale]
         pids = {n: self.db.kill(n) for n in in_sync}
         self.down += in_sync
+        first, ends = self._first_to_start(stale, topic, partition)
         self.db.start(first)
         self.db.wait_ready(first)
         try:
@@ -321,12 +323,29 @@ class StaleElectionNemesis:
             elected = False
         led_by = self.db.leader(topic, partition)
         value = {"nodes": in_sync, "key": key, "signal": "SIGKILL", "pids": pids, "started_first": first,
-                 "stale_elected": elected, "leader_then": led_by}
+                 "stale_elected": elected, "leader_then": led_by, **({"log_ends": ends} if ends else {})}
         try:
             restarted = self.heal()
         except RepairFailed as exc:
             raise RepairFailed({**value, "restarted": exc.value["nodes"], "outcomes": exc.value["outcomes"]}) from exc
         return {**value, "restarted": restarted["nodes"]}
+
+    def _first_to_start(self, stale: list[str], topic: str, partition: int) -> tuple[str, dict[str, int | None]]:
+        """The stale replica to start first, and the log ends read from the stale replicas' disks.
+
+        Of several stale replicas, the one whose log is longest: it holds every record any of
+        them holds (a follower's log is a prefix of its leader's), so the election loses only what
+        the killed in-sync replicas alone held. Followers killed at once still die a fetch apart,
+        and starting the shorter one would also lose writes the other had copied, which were
+        acknowledged by two replicas. Ties, and dbs that cannot read a log from disk, keep the
+        seeded order."""
+        if len(stale) == 1:
+            return stale[0], {}
+        try:
+            ends = {n: self.db.log_end_offset(n, topic, partition) for n in stale}
+        except Unsupported:
+            return stale[0], {}
+        return max(stale, key=lambda n: -1 if ends[n] is None else ends[n]), ends
 
     def heal(self) -> Any:
         def restart(node: str) -> None:

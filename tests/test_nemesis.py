@@ -285,6 +285,10 @@ class ReplicaDB(RecordingDB):
         super().__init__()
         self.isr = {p: {"n1", "n2", "n3"} for p in range(3)}
         self.leaders = {0: "n1", 1: "n2", 2: "n3"}
+        self.log_ends: dict[str, int] = {}  # what each replica's disk holds, by node
+
+    def log_end_offset(self, node, topic, partition):
+        return self.log_ends.get(node)
 
     def kill(self, node):
         super().kill(node)
@@ -324,10 +328,14 @@ def test_the_election_nemeses_leave_followers_behind_then_start_one_first(kind, 
         assert value["isr"] == [leader], "every follower left the ISR: the leader is alone"
     again = nemeses[fault].invoke({"f": fault, "seed": 5})
     assert again["nodes"] == [] and "already stale" in again["note"]
+    # Of two stale followers, the one whose disk holds more of the log starts first, whatever the
+    # seeded order: the other one's records are all in it.
+    first = value["nodes"][-1]
+    db.log_ends = {n: 200 + (n == first) * 3 for n in value["nodes"]}
     elected = nemeses[elect].invoke({"f": elect})
-    first = value["nodes"][0]
     assert (elected["key"], elected["started_first"], elected["stale_elected"], elected["leader_then"]) == (
         key, first, True, first)
+    assert elected.get("log_ends") == (db.log_ends if kind == "lone-leader" else None)
     assert sorted(elected["nodes"]) == value["isr"] and sorted(elected["restarted"]) == ["n1", "n2", "n3"]
     # The replicas still in sync die after the stale ones; the stale one that starts first leads.
     kills = [n for c, n in db.calls if c == "kill"]
