@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from faultline.nemesis.core import Schedule
-from faultline.workloads.generator import Context
-from faultline.workloads.queue import FinalReads, QueueGenerator
+from faultline.workloads.generator import Context, Seq
+from faultline.workloads.queue import FinalReads, PollUnseen, QueueGenerator
 
 KEYS = [f"t/{i}" for i in range(4)]
 
@@ -308,3 +308,48 @@ def test_a_worker_keeps_the_asked_rate_while_its_operations_are_quicker_than_it(
     gaps = [b - a for a, b in zip(starts, starts[1:])]
     assert sum(gaps) / len(gaps) == pytest.approx(mean_gap, rel=0.05)
     assert min(gaps) >= latency - 1e-9
+
+
+def steered(seed: int, events: list[dict], n: int = 60, final: bool = False) -> list[dict]:
+    """The next `n` assigns of ["t/0"] a poll-unseen generator gives after `events` completed."""
+    ctx = one_thread()
+    gen = PollUnseen.around(Seq.of([{"f": "assign", "keys": ["t/0"], **({"final": True} if final else {})}] * n),
+                            seed)
+    for event in events:
+        gen = done(gen, ctx, event, event["type"])
+    out = []
+    for _ in range(n):
+        op, gen = gen.op(ctx)
+        out.append({k: v for k, v in op.items() if k not in ("at", "process")})
+    return out
+
+
+def send(kind, f="send", **offsets):
+    return {"f": f, "type": kind, "mops": [{"f": "send", "key": f"t/{k[1:]}", "value": 1, "offset": o}
+                                           for k, o in offsets.items()]}
+
+
+def poll(kind="ok", **offsets):
+    return {"f": "poll", "type": kind,
+            "mops": [{"f": "poll", "records": [{"key": f"t/{k[1:]}", "offset": o, "value": 1}
+                                               for k, o in offsets.items()]}]}
+
+
+# Acknowledged: t/1 to 4 (ok send), t/3 to 7 (an info send's acknowledged message); not: t/2 (no
+# offset), t/0's 9 (a transaction that aborted). Polled: t/1 to 2.
+EVENTS = [send("ok", k1=4, k2=None), send("info", k3=7), send("fail", f="txn", k0=9), poll(k1=2)]
+UNSEEN = {"t/1": {"polled": 2, "sent": 4}, "t/3": {"polled": -1, "sent": 7}}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_about_a_third_of_assigns_also_take_the_keys_with_acknowledged_values_no_poll_returned(seed):
+    ops_ = steered(seed, EVENTS)
+    assert ops_ == steered(seed, EVENTS), "the same completions give the same invocations"
+    plain = {"f": "assign", "keys": ["t/0"]}
+    steer = {"f": "assign", "keys": ["t/0", "t/1", "t/3"], "unseen": UNSEEN}
+    assert all(op in (plain, steer) for op in ops_), ops_
+    assert 10 <= ops_.count(steer) <= 30, ops_.count(steer)
+    # Once polls return those offsets (records of a failed poll were read too), nothing is unseen.
+    assert steered(seed, EVENTS + [poll("fail", k1=4), poll(k3=7)]) == [plain] * 60
+    # The final reads assign every key themselves.
+    assert {tuple(op["keys"]) for op in steered(seed, EVENTS, final=True)} == {("t/0",)}

@@ -378,6 +378,62 @@ class QueueGenerator:
 
 
 @dataclass(frozen=True)
+class PollUnseen:
+    """Jepsen's poll-unseen, around the main phase's generator of every worker: consumers are
+    steered to the keys holding acknowledged values that no poll has returned yet.
+
+    It follows every completion: the highest acknowledged offset per key (a send's, of any
+    outcome, since an acknowledgement is one whatever became of the rest of its operation; a
+    transaction's only when it committed, since an aborted one's records are never read) and the
+    highest offset a poll returned. A key whose acknowledged offsets run past what was polled is
+    unseen. About one assign in three (drawn from a stream of its own, so the same completions
+    give the same invocations) also takes every unseen key, and says so in `unseen`: per key, the
+    highest offset polled (-1: none) and acknowledged. A reader of the history then knows why the
+    assign named those keys; the checker ignores the field. Without this, a value acknowledged
+    on a key no worker happened to own is first read by the final reads, and a loss there is told
+    apart from a reader that never came only by the final reads' record."""
+
+    gen: Any
+    state: tuple
+    sent: Mapping[str, int] = field(default_factory=dict)  # key -> highest acknowledged offset, while unseen
+    polled: Mapping[str, int] = field(default_factory=dict)  # key -> highest offset polled
+
+    SHARE = 1 / 3
+
+    @classmethod
+    def around(cls, gen, seed: Any) -> "PollUnseen":
+        return cls(gen, rng_state(f"{seed}/poll-unseen"))
+
+    def op(self, ctx):
+        answer = self.gen.op(ctx)
+        if answer is None or answer is PENDING:
+            return answer
+        op, rest = answer
+        state = self.state
+        if op["f"] == "assign" and not op.get("final") and self.sent:
+            rng = resume(state)
+            if rng.random() < self.SHARE:
+                unseen = {k: {"polled": self.polled.get(k, -1), "sent": v} for k, v in sorted(self.sent.items())}
+                op = {**op, "keys": sorted(set(op["keys"]) | set(unseen)), "unseen": unseen}
+            state = rng.getstate()
+        return op, dataclasses.replace(self, gen=rest, state=state)
+
+    def update(self, ctx, event):
+        gen = self.gen.update(ctx, event)
+        kind, f = event["type"], event["f"]
+        if kind == "invoke" or f not in ("send", "poll", "txn"):
+            return dataclasses.replace(self, gen=gen)
+        sent, polled = dict(self.sent), dict(self.polled)
+        for mop in event.get("mops") or []:
+            if mop.get("f") == "send" and mop.get("offset") is not None and (f == "send" or kind == "ok"):
+                sent[mop["key"]] = max(sent.get(mop["key"], -1), mop["offset"])
+            for record in mop.get("records") or []:
+                polled[record["key"]] = max(polled.get(record["key"], -1), record["offset"])
+        sent = {k: v for k, v in sent.items() if polled.get(k, -1) < v}
+        return dataclasses.replace(self, gen=gen, sent=sent, polled=polled)
+
+
+@dataclass(frozen=True)
 class FinalReads:
     """Jepsen's final reads, for one worker (history-format.md, Final reads). First a `crash`, so
     that the reads run on a new producer and consumer with nothing carried over from the main phase;
@@ -764,9 +820,11 @@ def queue_workload(spec, name: str, make_client, main=None) -> Workload:
         return EachThread(lambda thread: FinalReads(tuple(spec.keys), spec.final_time_limit, unread=unread,
                                                     committed=traits.commit is not None and unread is None))
 
+    workers = EachThread(main or queue_main)
     return Workload(
         name=name,
-        generator=EachThread(main or queue_main),
+        # A group decides what its members own: only assigning consumers can be steered.
+        generator=workers if subscribe else PollUnseen.around(workers, spec.seed),
         final_generator=final(),
         final_unhealed=final,
         client=client,
