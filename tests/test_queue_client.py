@@ -113,6 +113,27 @@ def test_final_reads_name_the_keys_whose_end_the_broker_cannot_say_and_start_fre
         client.close()
 
 
+def test_a_final_assign_of_many_keys_learns_every_end_while_its_consumer_fetches(broker):
+    # The consumer already fetches the keys of the first final assign when the second asks where
+    # they end. Asked on the consumer's own connection, each question waited behind a long-poll
+    # fetch (the broker answers one connection's requests in order): 500 ms a key, and the
+    # 10 s budget named the last keys unavailable, which made every run of 32 keys unknown.
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})  # held: a collected client cancels its futures
+    admin.create_topics([NewTopic("many", 40, 1)])["many"].result(10)
+    keys = [f"many/{i}" for i in range(40)]
+    client = QueueClient(broker.bootstrap, {}, dict(DEFAULT_CONSUMER), "many")
+    client.open()
+    try:
+        first = client.invoke({"f": "assign", "keys": keys, "seek_to_beginning": True, "final": True})
+        assert first["type"] == "ok" and "unavailable" not in first, first.get("unavailable")
+        client.invoke({"f": "poll", "mops": [{"f": "poll"}], "final": True})
+        again = client.invoke({"f": "assign", "keys": keys, "seek_to_beginning": False, "final": True})
+        assert (again["type"], again.get("unavailable")) == ("ok", None)
+        assert again["end_offsets"] == {k: 0 for k in keys}
+    finally:
+        client.close()
+
+
 def test_a_resend_client_sends_through_a_producer_process_of_its_own_that_a_kill_ends(broker, tmp_path):
     from faultline.nemesis.clients import KillClientNemesis
     from faultline.workloads.resend import ResendClient

@@ -568,6 +568,7 @@ class QueueClient:
         self.consumer: Consumer | None = None
         self.assignment: list[str] = []
         self.positions: dict[str, int] = {}
+        self.asker = None
         self.send_timeout = int(producer_settings.get("message.timeout.ms", 5000)) / 1000 + 5
         self.idempotent = str(producer_settings.get("enable.idempotence", "false")).strip().lower() == "true"
         # librdkafka's default: retry (practically) forever within message.timeout.ms
@@ -584,16 +585,19 @@ class QueueClient:
         self.positions = {}
         self.subscribed = False
         self.rebalances: list[dict] = []  # since the last poll: {"type": ..., "keys": [...]}
+        self.asker = None  # the final reads' consumer for end offsets, opened when first needed
 
     def _open_producer(self) -> Producer | None:
         return Producer({"bootstrap.servers": self.bootstrap, **self.producer_settings}, logger=LIBRDKAFKA_LOG)
 
     def close(self) -> None:
-        if self.consumer is not None:
-            try:
-                self.consumer.close()
-            except (KafkaException, RuntimeError):
-                pass
+        for consumer in (self.consumer, self.asker):
+            if consumer is not None:
+                try:
+                    consumer.close()
+                except (KafkaException, RuntimeError):
+                    pass
+        self.asker = None
         if self.producer is not None:
             # Queued and in flight alike: whatever the process still held goes with it (a transaction
             # it left open is the coordinator's to abort).
@@ -740,6 +744,13 @@ class QueueClient:
         ends: dict[str, int] = {}
         unavailable: dict[str, str] = {}
         known_topics = set()
+        # Asked through a consumer of their own that never fetches: a broker answers a
+        # connection's requests in order, so behind the assigned consumer's long-poll fetch
+        # (fetch.wait.max.ms, 500 ms) every question waited that long, and 32 keys took 16 s.
+        if self.asker is None:
+            self.asker = Consumer({"bootstrap.servers": self.bootstrap, "group.id": self.group_id,
+                                   **self.consumer_settings}, logger=LIBRDKAFKA_LOG)
+        asker = self.asker
         # Each question may wait up to 5 s; all of them together END_OFFSETS_TIME, so that a broker
         # that answers nothing holds the final reader up once, not once per key.
         deadline = time.monotonic() + END_OFFSETS_TIME
@@ -755,7 +766,7 @@ class QueueClient:
                 if (timeout := wait()) is None:
                     raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "not asked: earlier questions took "
                                                                            f"{END_OFFSETS_TIME:g}s"))
-                self.consumer.list_topics(topic, timeout=timeout)
+                asker.list_topics(topic, timeout=timeout)
                 known_topics.add(topic)
             except KafkaException as exc:
                 for key in keys:
@@ -769,8 +780,8 @@ class QueueClient:
                 unavailable[key] = f"not asked: the questions before took {END_OFFSETS_TIME:g}s"
                 continue
             try:
-                _, end = self.consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout,
-                                                             cached=False)
+                _, end = asker.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout,
+                                                     cached=False)
             except KafkaException as exc:
                 unavailable[key] = f"the end offset is unknown: {exc}"
                 continue
