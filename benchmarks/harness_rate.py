@@ -2,8 +2,9 @@
 
 For each system (the reference broker; Apache Kafka with --kafka), 1 and 3 nodes, without faults
 and under kill-leader, one run of --time-limit seconds asking for --rate ops/s with --concurrency
-workers; prints one JSON line per run (the rate achieved in the main phase, from the run's
-harness.json, and the verdict) and a table at the end. Needs root (network namespaces).
+workers; prints one JSON line per run (the rate achieved in the main phase, the harness's CPU
+per operation and the machine's busy share over it, from the run's harness.json, and the verdict)
+and a table at the end. Needs root (network namespaces).
 
     .venv/bin/python benchmarks/harness_rate.py [--kafka] [--rate 5000] [--concurrency 16] [--time-limit 20]
 """
@@ -31,8 +32,13 @@ def run(args: argparse.Namespace, store: Path, system: str, nodes: int, nemesis:
     run_dir = (store / "latest").resolve()
     harness = json.loads((run_dir / "harness.json").read_text()) if (run_dir / "harness.json").exists() else {}
     results = json.loads((run_dir / "results.json").read_text()) if (run_dir / "results.json").exists() else {}
+    invocations, cpu_s = harness.get("invocations"), harness.get("cpu_s")
     row = {"system": system, "nodes": nodes, "nemesis": nemesis or "none", "asked": args.rate,
-           "achieved": harness.get("achieved"), "invocations": harness.get("invocations"),
+           "achieved": harness.get("achieved"), "invocations": invocations,
+           # Where the CPU goes: the harness's CPU per operation, and how busy the whole machine was
+           # (brokers, ZooKeeper and harness together); a machine near 1.0 has no cores to give.
+           "harness_cpu_ms_per_op": round(1000 * cpu_s / invocations, 2) if cpu_s and invocations else None,
+           "machine_busy": harness.get("machine_busy"),
            "valid": results.get("valid"), "exit": proc.returncode, "wall_s": round(time.monotonic() - started)}
     print(json.dumps(row), flush=True)
     return row
@@ -51,9 +57,11 @@ def main() -> int:
             for nodes in (1, 3):
                 for nemesis in (None, "kill-leader"):
                     rows.append(run(args, Path(tmp) / f"{system}-{nodes}-{nemesis}", system, nodes, nemesis))
-    print("\n| system | nodes | faults | asked ops/s | achieved ops/s | verdict |\n|---|---|---|---|---|---|")
+    print("\n| system | nodes | faults | asked ops/s | achieved ops/s | harness CPU ms/op | machine busy | verdict |"
+          "\n|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['system']} | {r['nodes']} | {r['nemesis']} | {r['asked']:g} | {r['achieved']} | {r['valid']} |")
+        print(f"| {r['system']} | {r['nodes']} | {r['nemesis']} | {r['asked']:g} | {r['achieved']} | "
+              f"{r['harness_cpu_ms_per_op']} | {r['machine_busy']} | {r['valid']} |")
     return 0
 
 

@@ -107,11 +107,15 @@ HARNESS = "harness.json"
 SHORTFALL = 0.2
 
 
-def record_rate(directory: Path, asked: float, invocations: int, seconds: float) -> None:
+def record_rate(directory: Path, asked: float, invocations: int, seconds: float,
+                cost: dict[str, float] | None = None) -> None:
+    """Write harness.json: the rate asked and reached in the main phase, and what it cost (`cpu_s`,
+    the harness's CPU seconds; `machine_busy`, the machine's busy share) when measured."""
     achieved = invocations / seconds if seconds > 0 else None
     (directory / HARNESS).write_text(json.dumps({"phase": "main", "asked": asked, "invocations": invocations,
                                                  "seconds": round(seconds, 3),
-                                                 "achieved": None if achieved is None else round(achieved, 1)}) + "\n")
+                                                 "achieved": None if achieved is None else round(achieved, 1),
+                                                 **(cost or {})}) + "\n")
 
 
 def harness_rate(directory: Path) -> tuple[dict[str, Any] | None, str | None]:

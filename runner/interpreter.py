@@ -171,17 +171,52 @@ class Worker(threading.Thread):
                 log.exception("closing the client of worker %s failed", self.thread)
 
 
+def machine_jiffies() -> tuple[int, int] | None:
+    """(busy, total) clock ticks of every CPU of the machine since boot (/proc/stat); None elsewhere."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(t) for t in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle and iowait
+    return sum(ticks) - idle, sum(ticks)
+
+
 @dataclass
 class Invoked:
-    """Client invocations per phase: how many, and the first and last (seconds since the start)."""
+    """Client invocations per phase: how many, and the first and last (seconds since the start);
+    and what they cost: the harness process's CPU seconds (all its threads, librdkafka's
+    included) and the machine's busy and total clock ticks, from the first invocation to the last
+    (the machine's sampled at most once a second, reading /proc/stat being dearer than an op)."""
     count: dict[str, int] = field(default_factory=dict)
     first: dict[str, float] = field(default_factory=dict)
     last: dict[str, float] = field(default_factory=dict)
+    cpu: dict[str, list[float]] = field(default_factory=dict)  # phase -> [CPU s at first, at last]
+    machine: dict[str, list] = field(default_factory=dict)  # phase -> [jiffies at first, at latest sample, when]
 
     def add(self, phase: str, at: float) -> None:
         self.count[phase] = self.count.get(phase, 0) + 1
         self.first.setdefault(phase, at)
         self.last[phase] = at
+        now = time.process_time()
+        self.cpu.setdefault(phase, [now, now])[1] = now
+        sample = self.machine.get(phase)
+        if sample is None:
+            jiffies = machine_jiffies()
+            self.machine[phase] = [jiffies, jiffies, at]
+        elif at - sample[2] >= 1.0:
+            sample[1], sample[2] = machine_jiffies(), at
+
+    def cost(self, phase: str) -> dict[str, float]:
+        """`cpu_s`: the harness's CPU seconds over the phase's invocations; `machine_busy`: the share
+        of the machine's CPU time that was busy meanwhile (every process, the brokers' too)."""
+        out: dict[str, float] = {}
+        if phase in self.cpu:
+            out["cpu_s"] = round(self.cpu[phase][1] - self.cpu[phase][0], 3)
+        first, latest, _ = self.machine.get(phase, (None, None, None))
+        if first and latest and latest[1] > first[1]:
+            out["machine_busy"] = round((latest[0] - first[0]) / (latest[1] - first[1]), 3)
+        return out
 
     def rate(self, phase: str, now: float | None = None) -> float | None:
         """Invocations per second in `phase`, from its first invocation to its last (or to `now`,

@@ -141,7 +141,8 @@ def run_test(spec: TestSpec, show_progress: bool = True, report: bool = True,
         interpreter = state["interpreter"]
         if interpreter is not None and interpreter.invoked.count.get("main"):
             invoked = interpreter.invoked
-            record_rate(run_dir, spec.rate, invoked.count["main"], invoked.last["main"] - invoked.first["main"])
+            record_rate(run_dir, spec.rate, invoked.count["main"], invoked.last["main"] - invoked.first["main"],
+                        invoked.cost("main"))
         state["interpreter"], state["phase"], state["since"] = None, "teardown", time.monotonic()
         try:
             if cluster is not None:

@@ -3,10 +3,14 @@ warning exactly when the harness fell more than 20% short of the rate asked."""
 
 from __future__ import annotations
 
+import json
+import time
+
 import pytest
 
 from faultline.checker.check import HARNESS, harness_rate, record_rate
 from faultline.checker.verdict import summary
+from faultline.runner.interpreter import Invoked
 
 
 @pytest.mark.parametrize("invocations, warned", [(800, False), (799, True), (2000, False)])
@@ -30,3 +34,20 @@ def test_the_summary_says_the_rate_beside_the_one_asked():
     results = {"valid": True, "model": "exactly-once", "anomaly_types": [], "bad_anomaly_types": [], "counts": {},
                "anomalies": {}, "stats": {"ops": 10, "ok": 10}, "rate": {"asked": 5000.0, "achieved": 159.2}}
     assert "  rate: 159.2 client operations/s in the main phase, of 5000 asked" in summary(results).splitlines()
+
+
+def test_a_phase_s_cost_is_the_harness_cpu_and_the_machine_s_busy_share_over_its_invocations(tmp_path):
+    invoked = Invoked()
+    invoked.add("main", 0.0)
+    spent = time.process_time()
+    while time.process_time() - spent < 0.3:  # the harness busy on one core
+        pass
+    invoked.add("main", 1.5)
+    cost = invoked.cost("main")
+    assert 0.3 <= cost["cpu_s"] < 1.0, cost
+    assert 0 < cost["machine_busy"] <= 1, cost
+    assert invoked.cost("final") == {}
+    record_rate(tmp_path, 100.0, 2, 1.5, cost)
+    assert json.loads((tmp_path / HARNESS).read_text()) == {"phase": "main", "asked": 100.0, "invocations": 2,
+                                                           "seconds": 1.5, "achieved": 1.3, **cost}
+    assert harness_rate(tmp_path)[0] == {"asked": 100.0, "achieved": 1.3}
