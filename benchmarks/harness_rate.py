@@ -32,12 +32,11 @@ def run(args: argparse.Namespace, store: Path, system: str, nodes: int, nemesis:
     run_dir = (store / "latest").resolve()
     harness = json.loads((run_dir / "harness.json").read_text()) if (run_dir / "harness.json").exists() else {}
     results = json.loads((run_dir / "results.json").read_text()) if (run_dir / "results.json").exists() else {}
-    invocations, cpu_s = harness.get("invocations"), harness.get("cpu_s")
     row = {"system": system, "nodes": nodes, "nemesis": nemesis or "none", "asked": args.rate,
-           "achieved": harness.get("achieved"), "invocations": invocations,
+           "achieved": harness.get("achieved"), "invocations": harness.get("invocations"),
            # Where the CPU goes: the harness's CPU per operation, and how busy the whole machine was
            # (brokers, ZooKeeper and harness together); a machine near 1.0 has no cores to give.
-           "harness_cpu_ms_per_op": round(1000 * cpu_s / invocations, 2) if cpu_s and invocations else None,
+           "harness_cpu_ms_per_op": harness.get("cpu_ms_per_op"),
            "machine_busy": harness.get("machine_busy"),
            "valid": results.get("valid"), "exit": proc.returncode, "wall_s": round(time.monotonic() - started)}
     print(json.dumps(row), flush=True)

@@ -109,8 +109,9 @@ SHORTFALL = 0.2
 
 def record_rate(directory: Path, asked: float, invocations: int, seconds: float,
                 cost: dict[str, float] | None = None) -> None:
-    """Write harness.json: the rate asked and reached in the main phase, and what it cost (`cpu_s`,
-    the harness's CPU seconds; `machine_busy`, the machine's busy share) when measured."""
+    """Write harness.json: the rate asked and reached in the main phase, and what it cost
+    (`cpu_ms_per_op`, the harness's CPU per operation; `machine_busy`, the machine's busy share)
+    when measured."""
     achieved = invocations / seconds if seconds > 0 else None
     (directory / HARNESS).write_text(json.dumps({"phase": "main", "asked": asked, "invocations": invocations,
                                                  "seconds": round(seconds, 3),

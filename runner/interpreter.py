@@ -185,37 +185,39 @@ def machine_jiffies() -> tuple[int, int] | None:
 @dataclass
 class Invoked:
     """Client invocations per phase: how many, and the first and last (seconds since the start);
-    and what they cost: the harness process's CPU seconds (all its threads, librdkafka's
-    included) and the machine's busy and total clock ticks, from the first invocation to the last
-    (the machine's sampled at most once a second, reading /proc/stat being dearer than an op)."""
+    and what they cost, sampled at the first invocation and then at most once a second (reading
+    a process's CPU time sums every thread's, librdkafka's many included, and costs more than an
+    operation): per sample, the invocations so far, the harness process's CPU seconds and the
+    machine's busy and total clock ticks."""
     count: dict[str, int] = field(default_factory=dict)
     first: dict[str, float] = field(default_factory=dict)
     last: dict[str, float] = field(default_factory=dict)
-    cpu: dict[str, list[float]] = field(default_factory=dict)  # phase -> [CPU s at first, at last]
-    machine: dict[str, list] = field(default_factory=dict)  # phase -> [jiffies at first, at latest sample, when]
+    samples: dict[str, list[tuple]] = field(default_factory=dict)  # phase -> [first, latest] samples
 
     def add(self, phase: str, at: float) -> None:
         self.count[phase] = self.count.get(phase, 0) + 1
         self.first.setdefault(phase, at)
         self.last[phase] = at
-        now = time.process_time()
-        self.cpu.setdefault(phase, [now, now])[1] = now
-        sample = self.machine.get(phase)
-        if sample is None:
-            jiffies = machine_jiffies()
-            self.machine[phase] = [jiffies, jiffies, at]
-        elif at - sample[2] >= 1.0:
-            sample[1], sample[2] = machine_jiffies(), at
+        samples = self.samples.get(phase)
+        if samples is None or at - samples[1][0] >= 1.0:
+            sample = (at, self.count[phase], time.process_time(), machine_jiffies())
+            if samples is None:
+                self.samples[phase] = [sample, sample]
+            else:
+                samples[1] = sample
 
     def cost(self, phase: str) -> dict[str, float]:
-        """`cpu_s`: the harness's CPU seconds over the phase's invocations; `machine_busy`: the share
-        of the machine's CPU time that was busy meanwhile (every process, the brokers' too)."""
+        """Between the phase's first and latest samples: `cpu_ms_per_op`, the harness's CPU per
+        invocation; `machine_busy`, the share of the machine's CPU time that was busy (every
+        process, the brokers' too). Empty before a second sample."""
+        if phase not in self.samples:
+            return {}
+        (_, n0, cpu0, jiffies0), (_, n1, cpu1, jiffies1) = self.samples[phase]
         out: dict[str, float] = {}
-        if phase in self.cpu:
-            out["cpu_s"] = round(self.cpu[phase][1] - self.cpu[phase][0], 3)
-        first, latest, _ = self.machine.get(phase, (None, None, None))
-        if first and latest and latest[1] > first[1]:
-            out["machine_busy"] = round((latest[0] - first[0]) / (latest[1] - first[1]), 3)
+        if n1 > n0:
+            out["cpu_ms_per_op"] = round(1000 * (cpu1 - cpu0) / (n1 - n0), 3)
+        if jiffies0 and jiffies1 and jiffies1[1] > jiffies0[1]:
+            out["machine_busy"] = round((jiffies1[0] - jiffies0[0]) / (jiffies1[1] - jiffies0[1]), 3)
         return out
 
     def rate(self, phase: str, now: float | None = None) -> float | None:
