@@ -274,7 +274,7 @@ class AnyJSON(Type):
 
     def spark(self):
         from pyspark.sql import types as T
-        return T.StringType()  # the value's JSON text
+        return T.StringType()  # the value's JSON text; a JSON string's own text, unquoted (Spark's reading)
 
 
 class ProcessType(Type):

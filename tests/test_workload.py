@@ -310,10 +310,10 @@ def test_a_worker_keeps_the_asked_rate_while_its_operations_are_quicker_than_it(
     assert min(gaps) >= latency - 1e-9
 
 
-def steered(seed: int, events: list[dict], n: int = 60, final: bool = False) -> list[dict]:
-    """The next `n` assigns of ["t/0"] a poll-unseen generator gives after `events` completed."""
+def steered(seed: int, events: list[dict], n: int = 60, final: bool = False, keys=("t/0",)) -> list[dict]:
+    """The next `n` assigns of `keys` a poll-unseen generator gives after `events` completed."""
     ctx = one_thread()
-    gen = PollUnseen.around(Seq.of([{"f": "assign", "keys": ["t/0"], **({"final": True} if final else {})}] * n),
+    gen = PollUnseen.around(Seq.of([{"f": "assign", "keys": list(keys), **({"final": True} if final else {})}] * n),
                             seed)
     for event in events:
         gen = done(gen, ctx, event, event["type"])
@@ -353,3 +353,8 @@ def test_about_a_third_of_assigns_also_take_the_keys_with_acknowledged_values_no
     assert steered(seed, EVENTS + [poll("fail", k1=4), poll(k3=7)]) == [plain] * 60
     # The final reads assign every key themselves.
     assert {tuple(op["keys"]) for op in steered(seed, EVENTS, final=True)} == {("t/0",)}
+    # `unseen` names only the keys added: the keys the worker drew are the rest.
+    drew = ("t/1",)
+    assert {(tuple(op["keys"]), tuple(op.get("unseen", ()))) for op in steered(seed, EVENTS, keys=drew)} == {
+        (drew, ()), (("t/1", "t/3"), ("t/3",))}
+    assert steered(seed, EVENTS, keys=("t/1", "t/3")) == [{"f": "assign", "keys": ["t/1", "t/3"]}] * 60

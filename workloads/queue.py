@@ -387,9 +387,10 @@ class PollUnseen:
     transaction's only when it committed, since an aborted one's records are never read) and the
     highest offset a poll returned. A key whose acknowledged offsets run past what was polled is
     unseen. About one assign in three (drawn from a stream of its own, so the same completions
-    give the same invocations) also takes every unseen key, and says so in `unseen`: per key, the
-    highest offset polled (-1: none) and acknowledged. A reader of the history then knows why the
-    assign named those keys; the checker ignores the field. Without this, a value acknowledged
+    give the same invocations) also takes every unseen key it lacks, and names those it added in
+    `unseen`: per key, the highest offset polled (-1: none) and acknowledged. The keys the worker's
+    own stream drew are then `keys` without those: what the seed fixes, whatever the timing. A
+    reader of the history knows why the assign named the others; the checker ignores the field. Without this, a value acknowledged
     on a key no worker happened to own is first read by the final reads, and a loss there is told
     apart from a reader that never came only by the final reads' record."""
 
@@ -413,8 +414,10 @@ class PollUnseen:
         if op["f"] == "assign" and not op.get("final") and self.sent:
             rng = resume(state)
             if rng.random() < self.SHARE:
-                unseen = {k: {"polled": self.polled.get(k, -1), "sent": v} for k, v in sorted(self.sent.items())}
-                op = {**op, "keys": sorted(set(op["keys"]) | set(unseen)), "unseen": unseen}
+                unseen = {k: {"polled": self.polled.get(k, -1), "sent": v} for k, v in sorted(self.sent.items())
+                          if k not in op["keys"]}
+                if unseen:
+                    op = {**op, "keys": sorted(set(op["keys"]) | set(unseen)), "unseen": unseen}
             state = rng.getstate()
         return op, dataclasses.replace(self, gen=rest, state=state)
 

@@ -300,7 +300,9 @@ def test_mutated_histories_are_refused_alike_or_judged_alike(spark, tmp_path):
         assert len(got) == python.lines, e.mutated.kind
         for row, op in zip(got, python.ops):
             line = {k: v for k, v in row.items() if k in FIELD_NAMES}
-            if "value" in line:
+            if "value" in line and not isinstance(op.get("value"), str):
+                # Spark reads a free-form value as its JSON text, but a JSON string as its own text
+                # (the loader's `value` column), so only a value that is not a string is parsed back.
                 line["value"] = json.loads(line["value"])
             expected = _clean({k: v for k, v in op.items() if k in FIELD_NAMES})
             expected["process"] = str(op["process"])
