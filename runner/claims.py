@@ -183,18 +183,25 @@ def run_claims(claims: list[Claim], systems: list[tuple[str, str | None]], seeds
         return job, status, run_dir
 
     def finish(job: Job, status: int, run_dir: Path | None) -> None:
+        # Judged once: the interrupt's clean-up finishes every run again, as one may have ended
+        # while this was under way for it (the signal lands between any two steps).
+        if job.number in results:
+            return
         if run_dir is None:
             # Never started, or ended before making a store folder: not a run to judge.
             say(f"[{job.number}/{len(jobs)}] {job.what}: no run (exit status {status})")
             return
         result = _results(run_dir)
-        results[job.number] = (result, str(run_dir))
         say(f"[{job.number}/{len(jobs)}] {job.what}: {_said(result)} "
             f"({time.monotonic() - started[job.number]:.0f} s): {run_dir}")
+        results[job.number] = (result, str(run_dir))
 
-    pending = {pool.submit(one, job) for job in jobs}
+    futures: list = []
     interrupted = False
     try:
+        for job in jobs:
+            futures.append(pool.submit(one, job))
+        pending = set(futures)
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for future in done:
@@ -203,11 +210,11 @@ def run_claims(claims: list[Claim], systems: list[tuple[str, str | None]], seeds
         interrupted = True
         say(f"interrupted ({str(exc) or 'SIGINT'}): stopping the runs under way; each cleans up and checks what it "
             f"recorded, then the tables judge the {len(results)} finished run(s) and those")
-        for future in pending:
-            future.cancel()
+        for future in futures:
+            future.cancel()  # those not started; a run under way or ended is not cancelled
         if children:
             children.stop()
-        for future in pending:
+        for future in futures:
             if not future.cancelled():
                 try:
                     finish(*future.result())

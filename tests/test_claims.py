@@ -225,5 +225,29 @@ def test_sigterm_stops_the_runs_and_the_tables_judge_what_finished(tmp_path):
     assert "<b>Interrupted</b>" in (out / "claims.html").read_text()
 
 
+def test_a_run_that_ended_is_judged_even_when_the_signal_lands_while_it_is_being_judged(tmp_path):
+    # In CI the SIGTERM of the test above once landed while the main thread was taking up the
+    # first run's result: that run was dropped from the tables. Here it lands there on purpose.
+    import os
+    import signal
+
+    claims = load_claims(only=["acks-1-loses-on-leader-death"])
+    said = []
+
+    def say(text):
+        said.append(text)
+        if text.startswith("[1/") and "lost-write" in text and sum("lost-write" in t for t in said) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    rows = run_claims(claims, system_names("reference", []), 3, False, tmp_path / "claims",
+                      run=fake_runs({("acks-1-loses-on-leader-death-unsafe-reference", 1): ["lost-write"]}), say=say)
+    [row] = rows
+    unsafe = row.sides["unsafe"][1]
+    # How many runs after it had started when the signal came is timing; the first is judged.
+    assert (unsafe.verdict, unsafe.showing) == (REPRODUCED, 1) and unsafe.runs >= 1, unsafe
+    assert row.interrupted and exit_status(rows) == INTERRUPTED
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
 def test_a_side_without_runs_is_undecided_never_held():
     assert judge_side(SAFE, []) == judge_side(UNSAFE, []) == Outcome(UNDECIDED, 0, 0, 0, None)
