@@ -161,7 +161,10 @@ def create_topics(topics: list[str], partitions: int, replication_factor: int, b
 
 
 # Kafka's record batch (message format v2): baseOffset, batchLength, partitionLeaderEpoch, magic,
-# crc, attributes, lastOffsetDelta; the CRC covers attributes to the batch's end.
+# crc, attributes, lastOffsetDelta; the CRC covers attributes to the batch's end. The reference
+# broker's `broker.records` parses the same header, but the harness imports nothing of the broker
+# (docs/design.md), and Kafka's files are read here too; a property test holds this reader to the
+# broker's recovery.
 _BATCH_PREFIX = struct.Struct(">qiibIhi")
 _LOG_OVERHEAD = 12
 _CRC_START = 21

@@ -390,9 +390,10 @@ class PollUnseen:
     give the same invocations) also takes every unseen key it lacks, and names those it added in
     `unseen`: per key, the highest offset polled (-1: none) and acknowledged. The keys the worker's
     own stream drew are then `keys` without those: what the seed fixes, whatever the timing. A
-    reader of the history knows why the assign named the others; the checker ignores the field. Without this, a value acknowledged
-    on a key no worker happened to own is first read by the final reads, and a loss there is told
-    apart from a reader that never came only by the final reads' record."""
+    reader of the history knows why the assign named the others; the checker ignores the field.
+    Without this, a value acknowledged on a key no worker happened to own is first read by the
+    final reads, and a loss there is told apart from a reader that never came only by the final
+    reads' record."""
 
     gen: Any
     state: tuple
@@ -426,13 +427,19 @@ class PollUnseen:
         kind, f = event["type"], event["f"]
         if kind == "invoke" or f not in ("send", "poll", "txn"):
             return dataclasses.replace(self, gen=gen)
-        sent, polled = dict(self.sent), dict(self.polled)
+        acked, read = {}, {}
         for mop in event.get("mops") or []:
             if mop.get("f") == "send" and mop.get("offset") is not None and (f == "send" or kind == "ok"):
-                sent[mop["key"]] = max(sent.get(mop["key"], -1), mop["offset"])
+                acked[mop["key"]] = max(acked.get(mop["key"], -1), mop["offset"])
             for record in mop.get("records") or []:
-                polled[record["key"]] = max(polled.get(record["key"], -1), record["offset"])
-        sent = {k: v for k, v in sent.items() if polled.get(k, -1) < v}
+                read[record["key"]] = max(read.get(record["key"], -1), record["offset"])
+        # The maps are copied only when this completion moves them: this runs once per operation.
+        sent, polled = self.sent, self.polled
+        if read:
+            polled = {**polled, **{k: max(polled.get(k, -1), o) for k, o in read.items()}}
+        if acked or read:
+            sent = {k: v for k, v in {**sent, **{k: max(sent.get(k, -1), o) for k, o in acked.items()}}.items()
+                    if polled.get(k, -1) < v}
         return dataclasses.replace(self, gen=gen, sent=sent, polled=polled)
 
 
@@ -571,7 +578,7 @@ class QueueClient:
         self.consumer: Consumer | None = None
         self.assignment: list[str] = []
         self.positions: dict[str, int] = {}
-        self.asker = None
+        self.asker: Consumer | None = None  # the final reads' consumer for end offsets, opened when first needed
         self.send_timeout = int(producer_settings.get("message.timeout.ms", 5000)) / 1000 + 5
         self.idempotent = str(producer_settings.get("enable.idempotence", "false")).strip().lower() == "true"
         # librdkafka's default: retry (practically) forever within message.timeout.ms
@@ -588,7 +595,6 @@ class QueueClient:
         self.positions = {}
         self.subscribed = False
         self.rebalances: list[dict] = []  # since the last poll: {"type": ..., "keys": [...]}
-        self.asker = None  # the final reads' consumer for end offsets, opened when first needed
 
     def _open_producer(self) -> Producer | None:
         return Producer({"bootstrap.servers": self.bootstrap, **self.producer_settings}, logger=LIBRDKAFKA_LOG)
