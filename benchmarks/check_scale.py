@@ -8,7 +8,8 @@ size. With --small N, also N histories of --small-ops operations (a default
 run's size) checked in one `faultline check` call, as a user re-checking a
 store does. Histories are kept in --dir, so a second run can skip generation
 with --reuse. Every figure is one process from start to results.json, JVM
-start included: what a user waits for.
+start included: what a user waits for. With --compare-archive, every Spark figure is taken twice,
+without and with the class archive (history_analysis/class_archive.py; build it first), in turn.
 
     .venv/bin/python benchmarks/check_scale.py --ops 1500 1000000 10000000 --small 30
 """
@@ -17,66 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-
-def generate(path: Path, ops: int, processes: int = 10, keys: int = 20, seed: int = 0) -> None:
-    """A history of `ops` operations (sends of 1..3 values and polls reading on from each
-    consumer's position, over a correct log), then final reads of every key (a few more
-    operations). Written with string formatting for speed."""
-    rng = random.Random(seed)
-    key_names = [f"t/{k}" for k in range(keys)]
-    logs: list[list[int]] = [[] for _ in range(keys)]
-    positions = [[0] * keys for _ in range(processes)]
-    next_value = 0
-    index = 0
-    t = 0
-    with open(path, "w", buffering=1 << 20) as f:
-        w = f.write
-        for n in range(ops):
-            p = n % processes
-            t += 1000
-            if rng.random() < 0.5:
-                mops_inv, mops_ok = [], []
-                for _ in range(rng.randint(1, 3)):
-                    k = rng.randrange(keys)
-                    v = next_value
-                    next_value += 1
-                    off = len(logs[k])
-                    logs[k].append(v)
-                    mops_inv.append(f'{{"f":"send","key":"{key_names[k]}","value":{v}}}')
-                    mops_ok.append(f'{{"f":"send","key":"{key_names[k]}","value":{v},"offset":{off}}}')
-                w(f'{{"index":{index},"time":{t},"process":{p},"type":"invoke","f":"send","mops":[{",".join(mops_inv)}]}}\n')
-                w(f'{{"index":{index + 1},"time":{t + 500},"process":{p},"type":"ok","f":"send","mops":[{",".join(mops_ok)}]}}\n')
-            else:
-                k = rng.randrange(keys)
-                start = positions[p][k]
-                end = min(len(logs[k]), start + rng.randint(0, 12))
-                positions[p][k] = end
-                recs = ",".join(f'{{"key":"{key_names[k]}","offset":{o},"value":{logs[k][o]}}}'
-                                for o in range(start, end))
-                w(f'{{"index":{index},"time":{t},"process":{p},"type":"invoke","f":"poll","mops":[{{"f":"poll"}}]}}\n')
-                w(f'{{"index":{index + 1},"time":{t + 500},"process":{p},"type":"ok","f":"poll","mops":[{{"f":"poll","records":[{recs}]}}]}}\n')
-            index += 2
-        # Final reads, as the runner's final phase does: one consumer reads every key
-        # from the beginning, so every acknowledged value is seen.
-        t += 1000
-        assign = '{"f":"assign","keys":[' + ",".join(f'"{k}"' for k in key_names) + '],"seek_to_beginning":true}'
-        w(f'{{"index":{index},"time":{t},"process":0,"type":"invoke",{assign[1:]}\n')
-        w(f'{{"index":{index + 1},"time":{t + 1},"process":0,"type":"ok",{assign[1:]}\n')
-        index += 2
-        for k in range(keys):
-            for start in range(0, len(logs[k]), 1000):
-                t += 1000
-                recs = ",".join(f'{{"key":"{key_names[k]}","offset":{o},"value":{logs[k][o]}}}'
-                                for o in range(start, min(start + 1000, len(logs[k]))))
-                w(f'{{"index":{index},"time":{t},"process":0,"type":"invoke","f":"poll","mops":[{{"f":"poll"}}]}}\n')
-                w(f'{{"index":{index + 1},"time":{t + 1},"process":0,"type":"ok","f":"poll","mops":[{{"f":"poll","records":[{recs}]}}]}}\n')
-                index += 2
+from faultline.models.synthetic_history import write_history
 
 
 def main() -> int:
@@ -95,12 +43,14 @@ def main() -> int:
                         help="also check N small histories in one call (default: none)")
     parser.add_argument("--small-ops", type=int, default=1500,
                         help="operations in each small history (default 1500, a default 30 s run)")
+    parser.add_argument("--compare-archive", action="store_true",
+                        help="time each Spark check without and with the class archive, in turn")
     args = parser.parse_args()
     rows = []
     if args.small:
         folders = [history_for(args, args.small_ops, seed).parent for seed in range(args.small)]
         for engine in args.engines:
-            rows.append(measure(args, folders, args.small_ops, engine))
+            rows.extend(measured(args, folders, args.small_ops, engine))
     for n in args.ops:
         history = history_for(args, n)
         for engine in args.engines:
@@ -108,7 +58,7 @@ def main() -> int:
                 print(f"skipping the python engine on {n} operations (--python-max-ops {args.python_max_ops})",
                       file=sys.stderr, flush=True)
                 continue
-            rows.append(measure(args, history, n, engine))
+            rows.extend(measured(args, history, n, engine))
     faster = {}
     for r in rows:
         if "histories" not in r and r["exit"] == 0 and (r["ops"] not in faster or r["seconds"] < faster[r["ops"]]["seconds"]):
@@ -124,26 +74,36 @@ def history_for(args: argparse.Namespace, n: int, seed: int | None = None) -> Pa
     if not (args.reuse and history.exists()):
         started = time.perf_counter()
         print(f"generating {n} operations into {history}", file=sys.stderr, flush=True)
-        generate(history, n, seed=seed or 0)
+        write_history(history, n, seed=seed or 0)
         print(f"  generated in {time.perf_counter() - started:.1f}s "
               f"({history.stat().st_size / 1e6:.0f} MB)", file=sys.stderr, flush=True)
     return history
 
 
-def measure(args: argparse.Namespace, target: Path | list[Path], n: int, engine: str) -> dict:
+def measured(args: argparse.Namespace, target: Path | list[Path], n: int, engine: str) -> list[dict]:
+    """measure(), once; for Spark with --compare-archive, without and then with the class archive."""
+    if engine != "spark" or not args.compare_archive:
+        return [measure(args, target, n, engine)]
+    return [measure(args, target, n, engine, archive=False), measure(args, target, n, engine, archive=True)]
+
+
+def measure(args: argparse.Namespace, target: Path | list[Path], n: int, engine: str,
+            archive: bool | None = None) -> dict:
     """One `faultline check` of a history (`target`, its path) or of several store folders in one
-    call (a list): seconds from process start to exit."""
+    call (a list): seconds from process start to exit. `archive`: False to start Spark's JVM
+    without the class archive (None: as configured)."""
     folders = target if isinstance(target, list) else [target.parent]
     cmd = [sys.executable, "-m", "faultline.runner.cli", "check", *map(str, folders), "--spark-master",
            args.spark_master, "--engine", engine, "--no-progress", "--no-report"]
     print(f"checking {len(folders)} x {n} operations with {engine}", file=sys.stderr, flush=True)
     started = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    env = {**os.environ, **({"FAULTLINE_SPARK_ARCHIVE": "0"} if archive is False else {})}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     elapsed = time.perf_counter() - started
     verdicts = {json.loads((f / "results.json").read_text()).get("valid") if (f / "results.json").exists()
                 else None for f in folders}
     row = {"ops": n, **({"histories": len(folders)} if isinstance(target, list) else {}), "engine": engine,
-           "seconds": round(elapsed, 1), "ops_per_s": round(n * len(folders) / elapsed),
+           **({"archive": archive} if archive is not None else {}), "seconds": round(elapsed, 1), "ops_per_s": round(n * len(folders) / elapsed),
            "valid": verdicts.pop() if len(verdicts) == 1 else None, "exit": proc.returncode,
            "history_mb": round(sum((f / "history.jsonl").stat().st_size for f in folders) / 1e6)}
     print(json.dumps(row), flush=True)

@@ -69,7 +69,6 @@ from urllib.parse import unquote, urlparse
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 from ..models import history_schema as schema
 from ..models.history import COMPLETIONS, TORN, HistoryError, line_error, one_line, read_bytes, state_error

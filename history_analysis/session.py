@@ -5,7 +5,8 @@ In: the Spark master, the number of shuffle partitions, an application name
 session is for). Out: a SparkSession with quiet logging (WARN) and no web UI,
 its JVMs tuned for the analysis (`java_options`), reused if one already runs
 in this process (getOrCreate), in which case only the runtime settings
-(shuffle partitions, adaptive execution off) are applied to it.
+(shuffle partitions, adaptive execution off) are applied to it. Its driver maps in the class
+archive when one was built (class_archive: Spark's classes loaded once, for every check).
 
 `sized_for(spark, nbytes)`: a context in which Spark runs interpreted
 rather than compiling code, when the input is small.
@@ -25,6 +26,8 @@ from typing import Iterator
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
+
+from . import class_archive
 
 # Spark's default log4j profile prints INFO lines at start-up, before
 # setLogLevel can run; a WARN profile given to the JVM keeps them out. Two
@@ -118,7 +121,8 @@ def get_session(master: str = "local[2]", shuffle_partitions: int = 4, app_name:
         # stage has nothing to gain there and costs a planning pass per stage.
         .config("spark.sql.adaptive.enabled", "false")
         .config("spark.driver.extraJavaOptions",
-                " ".join([f"-Dlog4j2.configurationFile=file:{_log4j_file()}", *java_options(inputs)]))
+                " ".join([f"-Dlog4j2.configurationFile=file:{_log4j_file()}", *java_options(inputs),
+                          *class_archive.options()]))
         .config("spark.executor.extraJavaOptions", " ".join(java_options(inputs)))
     )
     spark = builder.getOrCreate()

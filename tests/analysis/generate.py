@@ -53,6 +53,9 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from faultline.models.history import write_history
 
 from .histories import Builder
 
@@ -272,3 +275,13 @@ def generate(b: Builder, name: str, rnd: random.Random, fault: str | None, steps
     run = _Run(b, name, rnd, fault)
     run.run(steps)
     return Generated(name, run.keys, fault, run.expected, run.detail)
+
+
+def write_with_anomalies(directory: Path) -> set[str]:
+    """directory/history.jsonl: six scenarios, five with a fault; the anomaly types they must show."""
+    b = Builder()
+    rnd = random.Random(11)
+    runs = [generate(b, f"s{i}", rnd, fault, 12)
+            for i, fault in enumerate([None, "duplicate", "lost", "write-cycle", "int-rewind", "aborted"])]
+    write_history(directory / "history.jsonl", b.lines)
+    return set().union(*(r.expected for r in runs))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import signal
 import subprocess
@@ -21,11 +20,9 @@ from pathlib import Path
 import pytest
 
 from faultline.control.wait import wait_until
-from faultline.models.history import write_history
 
 from ..conftest import REPO, free_port
-from .generate import generate
-from .histories import Builder
+from .generate import write_with_anomalies
 
 pytest.importorskip("pyspark")
 
@@ -92,16 +89,6 @@ def standalone(tmp_path):
                 d.stop()
 
 
-def _history_with_anomalies(directory: Path) -> set[str]:
-    """A history of six scenarios, five with a fault; the anomaly types they must show."""
-    b = Builder()
-    rnd = random.Random(11)
-    runs = [generate(b, f"s{i}", rnd, fault, 12)
-            for i, fault in enumerate([None, "duplicate", "lost", "write-cycle", "int-rewind", "aborted"])]
-    write_history(directory / "history.jsonl", b.lines)
-    return set().union(*(r.expected for r in runs))
-
-
 def _check(run: Path, *extra: str) -> dict:
     proc = subprocess.run([sys.executable, "-m", "faultline.runner.cli", "check", str(run), "--no-progress",
                            *extra], cwd=REPO, capture_output=True, text=True, timeout=600,
@@ -114,7 +101,7 @@ def test_a_check_through_a_standalone_cluster_gives_the_results_of_local_mode(tm
     url, work = standalone
     local, remote = tmp_path / "local", tmp_path / "remote"
     local.mkdir()
-    expected = _history_with_anomalies(local)
+    expected = write_with_anomalies(local)
     assert len(expected) >= 4, expected
     shutil.copytree(local, remote)
 
