@@ -369,8 +369,10 @@ def _check(spark: SparkSession, paths: list[str], parsed: DataFrame,
         *[f"lag({col}) {chain} AS prev_{name}" for col, name in (
             ("type", "type"), ("f", "f"), ("index", "index"), ("time", "time"),
             ("seek_to_beginning", "seek"), ("final", "final"))],
-        # A completion that carries no mops/keys takes its invocation's.
-        *[f"lag({col}) {chain} AS prev_{col}" for col in ("mops", "keys", "rebalance_log")],
+        # A completion that carries no mops/keys takes its invocation's (kept only then: most
+        # completions carry their own, and a copy of each invocation's would double the cache).
+        *[f"CASE WHEN {col} IS NULL THEN lag({col}) {chain} END AS prev_{col}"
+          for col in ("mops", "keys", "rebalance_log")],
         f"lead(type) {chain} AS next_type",
         "CAST(sum(CASE WHEN type = 'invoke' AND f IN ('assign', 'subscribe') THEN 1 ELSE 0 END) OVER ("
         "PARTITION BY _fid, process ORDER BY line ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS BIGINT) "
