@@ -756,17 +756,22 @@ def analyse(spark: SparkSession, path: str | os.PathLike, limit: int = 32, full_
         gc.collect()
 
 
+def _all_witnesses(spark: SparkSession, history: History, facts: DataFrame) -> DataFrame:
+    """Every witness of every type, and the internal summaries (_INTERNAL), as one table."""
+    parts = [_lost_write(facts), _unseen(facts), *_duplicate_and_inconsistent(facts), _unexpected(facts),
+             _orders(facts, history), _uncommitted_read(facts),
+             _aborted_read(facts), _precommitted_read(facts), _final_summaries(facts), *_ownership(spark, history),
+             *_consumption(facts),
+             *_operation_stats(history)]
+    return reduce(DataFrame.union, parts)
+
+
 def _analyse(spark: SparkSession, path: str, limit: int, full_dir: str | os.PathLike | None) -> Analysis:
     history = load_history(spark, path)
     witnesses = facts = None
     try:
         facts = _facts(history)
-        parts = [_lost_write(facts), _unseen(facts), *_duplicate_and_inconsistent(facts), _unexpected(facts),
-                 _orders(facts, history), _uncommitted_read(facts),
-                 _aborted_read(facts), _precommitted_read(facts), _final_summaries(facts), *_ownership(spark, history),
-                 *_consumption(facts),
-                 *_operation_stats(history)]
-        witnesses = reduce(DataFrame.union, parts).persist(StorageLevel.MEMORY_AND_DISK)
+        witnesses = _all_witnesses(spark, history, facts).persist(StorageLevel.MEMORY_AND_DISK)
         # Counts and the first `limit` witnesses of each type in one job.
         by_type = Window.partitionBy("type")
         ordered = by_type.orderBy("s1", "s2", "s3", "json")

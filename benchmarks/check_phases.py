@@ -1,0 +1,67 @@
+"""Where a Spark check's time goes: each phase of the analysis of one history, timed apart in one
+session.
+
+The phases, in the order `faultline check` runs them: the session (JVM start), reading and
+validating the history (load_history: parsing with the line checks, pairing completions with
+invocations, the operations table), the facts (one shuffle by key and its windows), every witness
+in one job, the dependency edges and the cycle-search hubs (computed, then brought to Python
+and sorted), and the cycle search. Each Spark phase is forced by an action of its own, so a
+figure is that phase's work alone; a scan of the whole facts table shows what reading them again
+costs. Prints one JSON line per phase, then the total.
+
+    .venv/bin/python benchmarks/check_phases.py /tmp/faultline-check-scale/ops-1000000/history.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from itertools import repeat
+
+from faultline.checker.cycles import add_cycles
+from faultline.history_analysis import anomalies as A
+from faultline.history_analysis.load import file_size, load_history
+from faultline.history_analysis.result import Analysis
+from faultline.history_analysis.session import get_session, sized_for
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("history", help="a history.jsonl file")
+    parser.add_argument("--spark-master", default="local[2]")
+    args = parser.parse_args()
+    total = 0.0
+
+    def timed(phase: str, work):
+        nonlocal total
+        started = time.perf_counter()
+        out = work()
+        seconds = time.perf_counter() - started
+        total += seconds
+        print(json.dumps({"phase": phase, "seconds": round(seconds, 1)}), flush=True)
+        return out
+
+    size = file_size(args.history)
+    spark = timed("session", lambda: get_session(args.spark_master, inputs=[size] if size is not None else None))
+    with sized_for(spark, size):
+        history = timed("load (read, check, pair, operations)", lambda: load_history(spark, args.history))
+        facts = timed("facts", lambda: A._facts(history))
+        timed("scan of every fact column", lambda: facts.selectExpr("sum(hash(*))").collect())
+        timed("witnesses", lambda: A._all_witnesses(spark, history, facts).selectExpr("count(json)").collect())
+        edges, hubs = A._dependencies(facts)
+        timed("edges, computed", lambda: edges.selectExpr("sum(size(src))").collect())
+        rows = timed("edges, computed and collected", edges.collect)
+        deps = timed("edges, unpacked and sorted in Python", lambda: sorted(
+            e for r in rows for e in zip(r["src"], r["dst"], repeat(r["kind"]), repeat(r["key"]))))
+        hub_rows = timed("hubs, computed and collected", hubs.collect)
+        hub_list = sorted(h for r in hub_rows for h in zip(r["op"], r["invoke"], map(str, r["process"]), r["type"]))
+        timed("cycle search", lambda: add_cycles(Analysis(counts={}, examples={}, stats={}, notes=[],
+                                                         dependencies=deps, hubs=hub_list)))
+    print(json.dumps({"phase": "total", "seconds": round(total, 1)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
