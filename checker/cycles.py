@@ -40,6 +40,8 @@ lists each once). With `full_dir`, every witness goes to
 
 from __future__ import annotations
 
+from operator import itemgetter
+
 import bisect
 import json
 from pathlib import Path
@@ -166,11 +168,27 @@ def on_cycles(edge_lists) -> set[int]:
     count = sum(len(edges) for edges in edge_lists)
     if count == 0:
         return set()
-    ends = np.fromiter((end for edges in edge_lists for edge in edges for end in edge[:2]), dtype=np.int64,
-                       count=2 * count)
-    nodes, index = np.unique(ends, return_inverse=True)
-    graph = coo_matrix((np.ones(count, dtype=np.int8), (index[0::2], index[1::2])),
-                       shape=(len(nodes), len(nodes))).tocsr()
+    # Ends read column by column with C-level iterators (a generator over every edge's ends took
+    # half of this function on 7M edges).
+    src = np.concatenate([np.fromiter(map(itemgetter(0), edges), dtype=np.int64, count=len(edges))
+                          for edges in edge_lists])
+    dst = np.concatenate([np.fromiter(map(itemgetter(1), edges), dtype=np.int64, count=len(edges))
+                          for edges in edge_lists])
+    lo = int(min(src.min(), dst.min()))
+    span = int(max(src.max(), dst.max())) - lo + 1  # in Python's integers: it may pass 64 bits
+    if span <= 4 * count:
+        # Operations and time points are dense small integers: numbered through a table rather
+        # than a sort.
+        present = np.zeros(span, dtype=bool)
+        present[src - lo] = True
+        present[dst - lo] = True
+        nodes = np.flatnonzero(present) + lo
+        number = np.cumsum(present) - 1
+        a, b = number[src - lo], number[dst - lo]
+    else:
+        nodes, index = np.unique(np.concatenate([src, dst]), return_inverse=True)
+        a, b = index[:count], index[count:]
+    graph = coo_matrix((np.ones(count, dtype=np.int8), (a, b)), shape=(len(nodes), len(nodes))).tocsr()
     _, labels = connected_components(graph, directed=True, connection="strong")
     sizes = np.bincount(labels)
     return set(nodes[sizes[labels] > 1].tolist())

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 
+import networkx as nx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from faultline.checker.check import check
-from faultline.checker.cycles import CYCLE_TYPES, ORDER_TYPES, SEARCH, add_cycles, search
+from faultline.checker.cycles import CYCLE_TYPES, ORDER_TYPES, SEARCH, add_cycles, on_cycles, search
 from faultline.checker.explain import explain
 from faultline.history_analysis.result import Analysis
 from faultline.models.guarantees import model_for_settings, model_named
@@ -222,6 +223,20 @@ def test_searching_only_operations_on_some_cycle_finds_what_a_search_of_everythi
     for kind, witnesses in search(edges, hubs).items():
         order = sorted(witnesses, key=lambda w: (min(w["ops"]), json.dumps(w, separators=(",", ":"))))
         assert fast.get(kind, []) == order, kind
+
+
+# Node ids as operations (non-negative) and time points (negative) are, densely or sparsely spread:
+# on_cycles numbers dense ones through a table and sparse ones by sorting.
+_node_ids = st.one_of(st.integers(-20, 40), st.integers(-(2 ** 62), 2 ** 62))
+
+
+@settings(max_examples=200, deadline=None)
+@given(edge_lists=st.lists(st.lists(st.tuples(_node_ids, _node_ids), max_size=30), max_size=3))
+def test_on_cycles_names_exactly_the_nodes_of_strongly_connected_components_of_two_or_more(edge_lists):
+    g = nx.DiGraph()
+    g.add_edges_from(edge for edges in edge_lists for edge in edges)
+    expected = {n for comp in nx.strongly_connected_components(g) if len(comp) > 1 for n in comp}
+    assert on_cycles([[(a, b, "ww", None) for a, b in edges] for edges in edge_lists]) == expected
 
 
 # --- on whole histories: G1c against G1c-ww --------------------------------------------
