@@ -103,7 +103,8 @@ def measure(args: argparse.Namespace, target: Path | list[Path], n: int, engine:
     verdicts = {json.loads((f / "results.json").read_text()).get("valid") if (f / "results.json").exists()
                 else None for f in folders}
     row = {"ops": n, **({"histories": len(folders)} if isinstance(target, list) else {}), "engine": engine,
-           **({"archive": archive} if archive is not None else {}), "seconds": round(elapsed, 1), "ops_per_s": round(n * len(folders) / elapsed),
+           **({"archive": archive} if archive is not None else {}),
+           "seconds": round(elapsed, 1), "ops_per_s": round(n * len(folders) / elapsed),
            "valid": verdicts.pop() if len(verdicts) == 1 else None, "exit": proc.returncode,
            "history_mb": round(sum((f / "history.jsonl").stat().st_size for f in folders) / 1e6)}
     print(json.dumps(row), flush=True)

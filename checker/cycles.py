@@ -40,10 +40,9 @@ lists each once). With `full_dir`, every witness goes to
 
 from __future__ import annotations
 
-from operator import itemgetter
-
 import bisect
 import json
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 

@@ -5,8 +5,8 @@ A cold JVM spends most of a small check loading and verifying Spark's classes: t
 started in 3.8 s and its first query took 2.6 s, against 1.8 s and 1.2 s with the archive
 (measured on 2 cores). The archive is HotSpot's dynamic class-data sharing (JDK 13 and later):
 one training check of a small synthetic history with `-XX:ArchiveClassesAtExit`, whose JVM writes
-every class it loaded when it exits; later checks start with `-XX:SharedArchiveFile`
-(session.java_options).
+every class it loaded when it exits; later checks' drivers start with `-XX:SharedArchiveFile`
+(session.get_session).
 
 In: nothing (`build()`), or the environment of a check (`options()`). Out: the archive at
 `path()`, in the cache folder, keyed by the pyspark version and the `java` binary, so another
@@ -73,7 +73,7 @@ def options() -> list[str]:
 
 
 def build(force: bool = False, progress=print) -> Path | None:
-    """Build the archive by one training check (a few seconds), unless it is there already;
+    """Build the archive by one training check (about 25 s on 2 cores), unless it is there already;
     its path, or None without a java. Raises RuntimeError when the training check fails."""
     from ..models.synthetic_history import write_history
 
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m faultline.history_analysis.class_archive",
         description="Build the class-data archive that starts every `faultline check` JVM faster: one "
-                    "training check of a small synthetic history (about 15 s), written to "
+                    "training check of a small synthetic history (about 25 s), written to "
                     f"{cache_root()}/ (set FAULTLINE_SPARK_CACHE to move it). scripts/setup runs it; run it "
                     "again after changing Java or pyspark (a check without a matching archive only starts "
                     f"slower). {USE_ENV}=0 makes checks start without it.")
