@@ -37,8 +37,9 @@ KINDS = {
     "lone-leader": "SIGKILL every in-sync follower of a random partition at once, until the ISR is its leader "
                    "alone; then SIGKILL the leader and start a follower first (only unclean leader election can "
                    "make it leader), then the rest",
-    "kill-consumer": "SIGKILL a consumer group member's process (consume-* workloads), as an application's; its "
-                     "worker starts a new member in the same group at its next operation",
+    "kill-consumer": "SIGKILL a consumer group member's process (consume-* workloads), as an application's, one "
+                     "that holds partitions when any does; its worker starts a new member in the same group at its "
+                     "next operation",
     "kill-producer": "SIGKILL a producer's process (the resend workload), as an application's, mid-send or between "
                      "sends; its worker starts a new producer session at its next operation",
     "partition": "cut the network (isolate a broker, a leader or the controller; halves; bridge; "

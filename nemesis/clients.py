@@ -2,15 +2,17 @@
 
 In: the role (`consumer`: the consume workloads' group members, workloads/consumer_child.py;
 `producer`: the resend workload's producers, workloads/producer_child.py) and the folder where
-those processes leave their pid files (`<role>-<process>.pid`). Out: `kill-<role>` SIGKILLs one
-live client, chosen from the op's seed, and reports its process number and pid (or that none was
-running); the paired end (`consumers-rejoin`, `producers-restart`) has nothing to repair: the killed
+those processes leave their pid files (`<role>-<process>.pid`) and, group members, the keys they
+hold (`<role>-<process>.keys`). Out: `kill-<role>` SIGKILLs one live client, chosen from the op's
+seed among those that hold keys when any does (a member without partitions has nothing to lose or
+repeat), and reports its process number, pid and keys (or that none was running); the paired end (`consumers-rejoin`, `producers-restart`) has nothing to repair: the killed
 client's worker finds it dead at its next operation, ends the process and starts a new one (a new
 group member; a new producer session).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -43,17 +45,27 @@ class KillClientNemesis:
             found[int(path.stem.partition("-")[2])] = pid
         return found
 
+    def _held(self, process: int) -> list[str]:
+        """The keys a live client said it holds (none, when it says nothing)."""
+        try:
+            return json.loads((self.clients_dir / f"{self.role}-{process}.keys").read_text())
+        except (OSError, ValueError):
+            return []
+
     def invoke(self, op: Op) -> Any:
         if op["f"] == self.fs[0]:
             live = self._live()
             if not live:
                 return {"processes": [], "note": f"no {NAMES[self.role]} was running"}
-            process = random.Random(op.get("seed", 0)).choice(sorted(live))
+            held = {process: self._held(process) for process in live}
+            choices = sorted(p for p in live if held[p]) or sorted(live)
+            process = random.Random(op.get("seed", 0)).choice(choices)
             try:
                 os.kill(live[process], signal.SIGKILL)
             except ProcessLookupError:
                 return {"processes": [], "note": f"the {NAMES[self.role]} of process {process} ended first"}
-            return {"processes": [process], "pids": {str(process): live[process]}, "signal": "SIGKILL"}
+            return {"processes": [process], "pids": {str(process): live[process]}, "signal": "SIGKILL",
+                    **({"keys": held[process]} if held[process] else {})}
         if op["f"] == self.fs[1]:
             return self.heal()
         raise ValueError(f"the kill-{self.role} nemesis cannot perform {op['f']!r}")

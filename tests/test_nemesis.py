@@ -255,6 +255,32 @@ def test_kill_consumer_sigkills_one_live_member_by_its_pid_file_and_says_which(t
     assert "next operation" in nemesis.invoke({"f": "consumers-rejoin"})["note"]
 
 
+def test_kill_consumer_kills_a_member_that_holds_keys_whatever_the_seed(tmp_path):
+    # A member the group gave no partitions has nothing to lose or repeat: killing it shows nothing.
+    import subprocess
+
+    from faultline.nemesis.clients import KillClientNemesis
+
+    members = {p: subprocess.Popen(["sleep", "60"]) for p in (1, 2, 3)}
+    try:
+        for p, member in members.items():
+            (tmp_path / f"consumer-{p}.pid").write_text(str(member.pid))
+        (tmp_path / "consumer-1.keys").write_text("[]")
+        (tmp_path / "consumer-2.keys").write_text('["t/0", "t/1"]')
+        (tmp_path / "consumer-4.keys").write_text('["t/2"]')  # no live member of that number
+        nemesis = KillClientNemesis("consumer", tmp_path)
+        done = nemesis.invoke({"f": "kill-consumer", "seed": 0})
+        assert done == {"processes": [2], "pids": {"2": members[2].pid}, "signal": "SIGKILL", "keys": ["t/0", "t/1"]}
+        assert members[2].wait(10) == -9
+        # None holds keys now: any live member, by the seed.
+        done = nemesis.invoke({"f": "kill-consumer", "seed": 0})
+        assert done["processes"] in ([1], [3]) and "keys" not in done
+        assert members[done["processes"][0]].wait(10) == -9
+    finally:
+        for member in members.values():
+            member.kill()
+
+
 def test_kill_producer_sigkills_one_live_producer_session_by_its_pid_file(tmp_path):
     import subprocess
 

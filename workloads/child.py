@@ -63,7 +63,7 @@ def serve(start: Callable[[dict], Any], handle: Callable[[Any, dict], dict]) -> 
 
 class Child:
     """One client process: `python -m module`, its pid in `pid_file` (None: nowhere), librdkafka's
-    log lines beside it."""
+    log lines beside it (`.log`), and what it holds, if it says (`.keys`)."""
 
     def __init__(self, module: str, pid_file: Path | None):
         self.module = module
@@ -73,6 +73,8 @@ class Child:
     def start(self, setup: dict) -> None:
         if self.pid_file is not None:
             self.pid_file.parent.mkdir(parents=True, exist_ok=True)
+            # A killed predecessor's keys are not this process's.
+            self.pid_file.with_suffix(".keys").unlink(missing_ok=True)
         log = open(self.pid_file.with_suffix(".log"), "a") if self.pid_file is not None else subprocess.DEVNULL
         try:
             self.proc = subprocess.Popen([sys.executable, "-m", self.module], stdin=subprocess.PIPE,
@@ -102,7 +104,7 @@ class Child:
         return json.loads(line)
 
     def close(self, timeout: float = 10) -> None:
-        """Ask it to close; kill it if it will not; forget its pid file."""
+        """Ask it to close; kill it if it will not; forget its pid file (and the keys it said it held)."""
         if self.proc is not None:
             try:
                 self.ask({"f": "close"}, timeout)
@@ -114,3 +116,4 @@ class Child:
             self.proc = None
         if self.pid_file is not None:
             self.pid_file.unlink(missing_ok=True)
+            self.pid_file.with_suffix(".keys").unlink(missing_ok=True)

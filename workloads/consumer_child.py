@@ -7,13 +7,17 @@ n, "timeout": seconds}`, `{"f": "commit", "offsets": {key: offset}}`, `{"f": "co
 "keys": [...], "timeout": seconds}`, `{"f": "ping"}`, `{"f": "close"}`. Out: on stdout, one JSON answer a line per
 command: `{"records": [...], "rebalances": [...]}` for a poll (the rebalances its callbacks saw),
 `{"offsets": {...}}` for committed, `{}` otherwise, or `{"error": text}`. The process writes its
-pid to `pid_file` once it runs, and dies with its parent (`workloads.child`): a harness killed
-with SIGKILL leaves no member behind.
+pid to `pid_file` once it runs, and the keys the group gave it, after every change, to the same
+name with `.keys` (a JSON list; the kill-consumer nemesis kills a member that holds some). It dies
+with its parent (`workloads.child`): a harness killed with SIGKILL leaves no member behind.
 
 Run as `python -m faultline.workloads.consumer_child`; `workloads.consume` starts and drives it.
 """
 
 from __future__ import annotations
+
+import json
+import os
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
@@ -36,10 +40,21 @@ class Member:
     def __init__(self, setup: dict):
         self.consumer = Consumer(setup["config"])
         self.rebalances: list[dict] = []
+        self.held: set[str] = set()
+        self.keys_file = os.path.splitext(setup["pid_file"])[0] + ".keys" if setup.get("pid_file") else None
 
     def logged(self, kind: str):
         def callback(_consumer, partitions):
-            self.rebalances.append(rebalance_entry(kind, partitions))
+            entry = rebalance_entry(kind, partitions)
+            self.rebalances.append(entry)
+            # Assignments are incremental under cooperative and KIP-848 protocols, whole under eager
+            # ones (revoked first): adding and removing serves both.
+            self.held = self.held | set(entry["keys"]) if kind == "assigned" else self.held - set(entry["keys"])
+            if self.keys_file:
+                tmp = self.keys_file + ".tmp"
+                with open(tmp, "w") as f:
+                    json.dump(sorted(self.held), f)
+                os.replace(tmp, self.keys_file)
         return callback
 
 
