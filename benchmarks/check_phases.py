@@ -7,7 +7,7 @@ invocations, the operations table), the facts (one shuffle by key and its window
 in one job, the dependency edges and the cycle-search hubs (computed, then brought to Python
 and sorted), and the cycle search. Each Spark phase is forced by an action of its own, so a
 figure is that phase's work alone; a scan of the whole facts table shows what reading them again
-costs. Prints one JSON line per phase, then the total.
+costs. Prints one JSON line per phase (seconds, and the Spark jobs it ran), then the total.
 
     .venv/bin/python benchmarks/check_phases.py /tmp/faultline-check-scale/ops-1000000/history.jsonl
 """
@@ -36,14 +36,19 @@ def main() -> int:
 
     def timed(phase: str, work):
         nonlocal total
+        tracker = spark.sparkContext.statusTracker() if spark is not None else None
+        if tracker is not None:
+            spark.sparkContext.setJobGroup(phase, phase)
         started = time.perf_counter()
         out = work()
         seconds = time.perf_counter() - started
         total += seconds
-        print(json.dumps({"phase": phase, "seconds": round(seconds, 1)}), flush=True)
+        jobs = {"jobs": len(tracker.getJobIdsForGroup(phase))} if tracker is not None else {}
+        print(json.dumps({"phase": phase, "seconds": round(seconds, 1), **jobs}), flush=True)
         return out
 
     size = file_size(args.history)
+    spark = None
     spark = timed("session", lambda: get_session(args.spark_master, inputs=[size] if size is not None else None))
     with sized_for(spark, size):
         history = timed("load (read, check, pair, operations)", lambda: load_history(spark, args.history))
