@@ -5,9 +5,10 @@ In: the role (`consumer`: the consume workloads' group members, workloads/consum
 those processes leave their pid files (`<role>-<process>.pid`) and, group members, the keys they
 hold (`<role>-<process>.keys`). Out: `kill-<role>` SIGKILLs one live client, chosen from the op's
 seed among those that hold keys when any does (a member without partitions has nothing to lose or
-repeat), and reports its process number, pid and keys (or that none was running); the paired end (`consumers-rejoin`, `producers-restart`) has nothing to repair: the killed
-client's worker finds it dead at its next operation, ends the process and starts a new one (a new
-group member; a new producer session).
+repeat), and reports its process number, pid and keys (or that none was running); the paired end
+(`consumers-rejoin`, `producers-restart`) has nothing to repair: the killed client's worker finds
+it dead at its next operation, ends the process and starts a new one (a new group member; a new
+producer session).
 """
 
 from __future__ import annotations

@@ -39,10 +39,16 @@ def become_child(pid_file: str | None) -> None:
     if os.getppid() == 1:  # the parent died before the prctl took
         os._exit(1)
     if pid_file:
-        tmp = pid_file + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(str(os.getpid()))
-        os.replace(tmp, pid_file)
+        write_atomically(pid_file, str(os.getpid()))
+
+
+def write_atomically(path: str, text: str) -> None:
+    """Write `path` under a temporary name, then rename it: a reader (a client nemesis) sees the
+    old text or the new, never half of it."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
 
 
 def serve(start: Callable[[dict], Any], handle: Callable[[Any, dict], dict]) -> None:

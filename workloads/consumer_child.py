@@ -21,7 +21,7 @@ import os
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from .child import serve
+from .child import serve, write_atomically
 from .queue import fetched, rebalance_entry, record_of
 
 
@@ -51,10 +51,7 @@ class Member:
             # ones (revoked first): adding and removing serves both.
             self.held = self.held | set(entry["keys"]) if kind == "assigned" else self.held - set(entry["keys"])
             if self.keys_file:
-                tmp = self.keys_file + ".tmp"
-                with open(tmp, "w") as f:
-                    json.dump(sorted(self.held), f)
-                os.replace(tmp, self.keys_file)
+                write_atomically(self.keys_file, json.dumps(sorted(self.held)))
         return callback
 
 
