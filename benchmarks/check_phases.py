@@ -20,6 +20,8 @@ import sys
 import time
 from itertools import repeat
 
+from pyspark.sql import SparkSession
+
 from faultline.checker.cycles import add_cycles
 from faultline.history_analysis import anomalies as A
 from faultline.history_analysis.load import file_size, load_history
@@ -36,9 +38,10 @@ def main() -> int:
 
     def timed(phase: str, work):
         nonlocal total
-        tracker = spark.sparkContext.statusTracker() if spark is not None else None
-        if tracker is not None:
-            spark.sparkContext.setJobGroup(phase, phase)
+        active = SparkSession.getActiveSession()  # none yet while the session phase starts it
+        tracker = active.sparkContext.statusTracker() if active is not None else None
+        if active is not None:
+            active.sparkContext.setJobGroup(phase, phase)
         started = time.perf_counter()
         out = work()
         seconds = time.perf_counter() - started
@@ -48,7 +51,6 @@ def main() -> int:
         return out
 
     size = file_size(args.history)
-    spark = None
     spark = timed("session", lambda: get_session(args.spark_master, inputs=[size] if size is not None else None))
     with sized_for(spark, size):
         history = timed("load (read, check, pair, operations)", lambda: load_history(spark, args.history))
