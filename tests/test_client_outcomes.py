@@ -14,8 +14,10 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import KafkaError
 
+from confluent_kafka import KafkaException
+
 from faultline.workloads.queue import (NO_REPORT, NOT_QUEUED, NOT_SENT, SEND_OUTCOMES, UNLISTED, Report,
-                                       commit_outcome, send_completion)
+                                       commit_outcome, kafka_error, send_completion)
 
 MOPS = [{"f": "send", "key": "t/0", "value": 1}, {"f": "send", "key": "t/1", "value": 2}]
 E = KafkaError
@@ -154,6 +156,42 @@ def test_a_send_refused_by_produce_before_anything_left_the_client_fails():
     assert done["type"] == "fail"
     assert [m["error"] for m in done["mops"]] == ["produce() refused it: Local: Queue full",
                                                   SEND_OUTCOMES[NOT_SENT].reason]
+
+
+@pytest.mark.parametrize("reports", [[Report.delivered(None, 4), Report.delivered(None, 5)],
+                                     [Report(NOT_QUEUED, detail="produce() refused it: Local: Fatal error"),
+                                      Report(NOT_SENT)]], ids=["acknowledged", "refused"])
+def test_a_send_during_which_the_producer_failed_for_good_ends_its_process(reports):
+    # Whatever its messages' fates, so that the worker's process ends (info) and its successor opens
+    # a new producer: a producer that failed for good refuses every later send.
+    done = send_completion(MOPS, reports, 0, fatal="sequence desynchronization")
+    assert done["type"] == "info"
+    assert "the producer failed for good (sequence desynchronization): its process ends" in done["error"]
+    assert [m["offset"] for m in done["mops"]] == [r.offset for r in reports]
+
+
+def test_a_missing_report_after_a_fatal_error_says_the_producer_failed_before_it_gave_one():
+    done = send_completion(MOPS, [Report.delivered(None, 4), None], 2147483647, fatal="fenced")
+    assert done["mops"] == [dict(MOPS[0], offset=4), dict(MOPS[1], offset=None, error=(
+        "no delivery report: the producer failed for good before it gave one; it may be written"))]
+
+
+def test_the_error_behind_an_exception_from_confluent_kafka():
+    fatal = KafkaError(E.OUT_OF_ORDER_SEQUENCE_NUMBER, "desynchronised", fatal=True)
+    assert kafka_error(KafkaException(fatal)) is fatal
+    # A fatal error pending while a delivery callback ran: the SystemError it caused.
+    try:
+        try:
+            raise KafkaException(fatal)
+        except KafkaException as cause:
+            raise SystemError("<method 'code'> returned a result with an exception set") from cause
+    except SystemError as exc:
+        assert kafka_error(exc) is fatal
+    # The pending error lost by confluent-kafka itself: the client's state is unknown, so fatal.
+    lost = kafka_error(SystemError("<method 'flush'> returned NULL without setting an exception"))
+    assert lost.fatal() and lost.code() == E._FATAL and "returned NULL" in lost.str()
+    with pytest.raises(ValueError, match="ours"):
+        kafka_error(ValueError("ours"))
 
 
 @pytest.mark.parametrize("err,expected", [

@@ -11,6 +11,7 @@ import os
 import signal
 import time
 
+import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -161,3 +162,54 @@ def test_a_resend_client_sends_through_a_producer_process_of_its_own_that_a_kill
     finally:
         client.close()
     assert not pid_file.exists()
+
+
+@pytest.mark.parametrize("kind", ["queue", "resend"])
+def test_a_producer_that_fails_for_good_ends_its_process_and_its_successor_sends(broker, tmp_path, kind):
+    # A real fatal error: the broker loses the tail of its log, which held an acknowledged batch of
+    # an idempotent producer; the producer's next batch is out of sequence for the broker, and
+    # librdkafka fails the producer for good (sequence desynchronisation). confluent-kafka raises
+    # it from inside flush(), as a SystemError when a delivery report runs while it is pending.
+    from faultline.workloads.resend import ResendClient
+
+    fill(broker.bootstrap, 0)
+    settings = {"acks": "all", "enable.idempotence": "true", "message.timeout.ms": "8000"}
+    if kind == "queue":
+        client = QueueClient(broker.bootstrap, settings, dict(DEFAULT_CONSUMER), "f")
+    else:
+        client = ResendClient(broker.bootstrap, settings, dict(DEFAULT_CONSUMER), "f", process=2, clients_dir=tmp_path)
+    client.open()
+    try:
+        for v in range(3):
+            mop = {"f": "send", "key": KEY, "value": v}
+            assert client.invoke({"f": "send", "mops": [mop]}) == {"type": "ok", "mops": [{**mop, "offset": v}]}
+        broker.kill()
+        log = broker.data_dir / "q-0" / f"{0:020d}.log"
+        os.truncate(log, log.stat().st_size - 5)  # the last batch (value 2, offset 2) is torn
+        broker.start()
+        mops = [{"f": "send", "key": KEY, "value": v} for v in (3, 4, 5)]
+        done = client.invoke({"f": "send", "mops": mops})
+    finally:
+        client.close()
+    # The worker's process ends (info), and no message is taken as written or as refused wrongly:
+    # the broker refused the batch, and the one whose report the fatal error swallowed is unknown.
+    assert done["type"] == "info", done
+    assert "the producer failed for good" in done["error"], done
+    assert [m["offset"] for m in done["mops"]] == [None, None, None]
+    refused = "Broker: Broker received an out of order sequence number"
+    errors = sorted(m["error"] for m in done["mops"])
+    if "sequence desynchronization" in done["error"]:
+        # The pending error cost the delivery report that ran next.
+        assert errors == [refused] * 2 + [
+            "no delivery report: the producer failed for good before it gave one; it may be written"], done
+    else:
+        # confluent-kafka lost the pending error (its log callback ran while it was pending), and
+        # with it none of the reports: the completion points to librdkafka's FATAL line.
+        assert "librdkafka's FATAL line" in done["error"] and errors == [refused] * 3, done
+    # Its successor, a new producer session, sends.
+    client.open()
+    try:
+        mop = {"f": "send", "key": KEY, "value": 6}
+        assert client.invoke({"f": "send", "mops": [mop]}) == {"type": "ok", "mops": [{**mop, "offset": 2}]}
+    finally:
+        client.close()

@@ -186,10 +186,32 @@ def send_outcome(report: "Report | None") -> SendOutcome:
     return SEND_OUTCOMES.get(NO_REPORT if report is None else report.row, UNLISTED)
 
 
-def produce_all(producer: Producer, mops: list[Op], timeout: float) -> "list[Report | None]":
-    """Produce each send mop, in order, and wait up to `timeout` seconds for their delivery reports:
-    one Report per mop, None for those still queued or in flight (indeterminate)."""
+def kafka_error(exc: BaseException) -> KafkaError:
+    """The KafkaError behind an exception a confluent-kafka call raised: a KafkaException's own, or
+    the one that caused a SystemError. A producer's fatal error (an idempotent producer's sequence
+    desynchronised from the broker's) is set as a pending exception in the middle of a poll, so the
+    next delivery callback of that poll fails with a SystemError caused by it. A SystemError with no
+    KafkaError behind it (confluent-kafka can lose the pending error: "returned NULL without setting
+    an exception") leaves the client's state unknown, so it is taken as a fatal error. Re-raises
+    any other exception."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, KafkaException) and cause.args and isinstance(cause.args[0], KafkaError):
+            return cause.args[0]
+        cause = cause.__cause__ or cause.__context__
+    if isinstance(exc, SystemError):
+        return KafkaError(KafkaError._FATAL, f"confluent-kafka lost the client's error, which librdkafka's FATAL "
+                                             f"line in the clients' log says: {exc}", fatal=True)
+    raise exc
+
+
+def produce_all(producer: Producer, mops: list[Op], timeout: float) -> "tuple[list[Report | None], str | None]":
+    """Produce each send mop, in order, and wait up to `timeout` seconds for their delivery reports.
+    Returns one Report per mop (None for those still queued or in flight, indeterminate) and, when
+    the producer failed for good during the send (a fatal error: it sends nothing more), why."""
     reports: list[Report | None] = [None] * len(mops)
+    fatal: str | None = None
+    deadline = time.monotonic() + timeout
 
     def report(i: int):
         def delivered(err, msg):
@@ -204,17 +226,32 @@ def produce_all(producer: Producer, mops: list[Op], timeout: float) -> "list[Rep
             # Never queued, and nothing after it is produced; those queued may still go out.
             reports[i] = Report(NOT_QUEUED, detail=f"produce() refused it: {exc or type(exc).__name__}")
             reports[i + 1:] = [Report(NOT_SENT) for _ in mops[i + 1:]]
+            if isinstance(exc, KafkaException) and kafka_error(exc).code() == KafkaError._FATAL:
+                fatal = kafka_error(exc).str()
             break
-    producer.flush(timeout)
-    return reports
+    # A fatal error ends the flush that meets it, and the delivery callback that runs while it is
+    # pending loses its report (that message stays None: indeterminate); a second flush delivers
+    # the reports of what the first left queued.
+    for _ in range(2):
+        try:
+            producer.flush(max(0.0, deadline - time.monotonic()))
+            break
+        except (KafkaException, SystemError) as exc:
+            err = kafka_error(exc)
+            if not err.fatal():
+                raise
+            fatal = err.str()
+    return reports, fatal
 
 
-def send_completion(mops: list[Op], reports: "list[Report | None]", retries: int) -> Op:
+def send_completion(mops: list[Op], reports: "list[Report | None]", retries: int, fatal: str | None = None) -> Op:
     """A send's completion from what the client learned of each message (`reports`, one per mop;
     None: no delivery report came). Every mop keeps its outcome: an acknowledged one its `offset`
     (null when the broker gave none, as with acks=0), the others `offset: null` and `error`. The
     operation is ok when every message was acknowledged, fail when none can have been written, info
-    otherwise: a partly acknowledged send is info with the acknowledged offsets kept."""
+    otherwise: a partly acknowledged send is info with the acknowledged offsets kept. When the
+    producer failed for good during the send (`fatal`: why), it is info whatever its messages' fates,
+    so that its process ends and the next one opens a new producer, as an application must."""
     out, types, errors = [], set(), []
     for mop, report in zip(mops, reports):
         outcome = send_outcome(report)
@@ -224,9 +261,15 @@ def send_completion(mops: list[Op], reports: "list[Report | None]", retries: int
             offset = report.offset if report is not None else None
             out.append(dict(mop, offset=offset if offset is not None and offset >= 0 else None))
             continue
-        error = (report.detail if report is not None and report.detail else outcome.reason)
+        if report is None and fatal:
+            error = "no delivery report: the producer failed for good before it gave one; it may be written"
+        else:
+            error = report.detail if report is not None and report.detail else outcome.reason
         out.append(dict(mop, offset=None, error=error))
         errors.append(error)
+    if fatal:
+        errors.append(f"the producer failed for good ({fatal}): its process ends")
+        return {"type": "info", "mops": out, "error": "; ".join(sorted(set(errors)))}
     if types == {"ok"}:
         return {"type": "ok", "mops": out}
     kind = "fail" if types == {"fail"} else "info"
@@ -640,7 +683,8 @@ class QueueClient:
         raise ValueError(f"the queue client cannot perform {f!r}")
 
     def _send(self, op: Op) -> Op:
-        return send_completion(op["mops"], produce_all(self.producer, op["mops"], self.send_timeout), self.retries)
+        reports, fatal = produce_all(self.producer, op["mops"], self.send_timeout)
+        return send_completion(op["mops"], reports, self.retries, fatal)
 
     def _poll(self, op: Op) -> Op:
         if not self.assignment and not self.subscribed:

@@ -52,7 +52,7 @@ class ResendClient(QueueClient):
             return {"type": "info", "mops": unknown, "error": f"{exc} during the send: any of its values may have "
                                                              f"been written; its process ends"}
         reports = [None if r is None else Report.from_json(r) for r in answer["reports"]]
-        return send_completion(mops, reports, self.retries)
+        return send_completion(mops, reports, self.retries, answer.get("fatal"))
 
 
 def workload(spec, clients_dir: Path | None = None) -> Workload:

@@ -37,8 +37,8 @@ import random
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from .core import Workload
-from .queue import (Op, QueueClient, Report, commit_outcome, fetched, parse_key, queue_workload, record_of,
-                    send_outcome)
+from .queue import (Op, QueueClient, Report, commit_outcome, fetched, kafka_error, parse_key, queue_workload,
+                    record_of, send_outcome)
 
 ABORTED = "aborted on purpose"
 # Share of transactions the client aborts on purpose (Jepsen's maybe-abort).
@@ -103,8 +103,8 @@ class TxnClient(QueueClient):
                     self.consumer.consumer_group_metadata(), self.txn_timeout)
             step = "commit_transaction"
             return self._commit(mops, reports, records, began_at, read)
-        except KafkaException as exc:
-            err = exc.args[0]
+        except (KafkaException, SystemError) as exc:
+            err = kafka_error(exc)  # a fatal error can surface as a SystemError (queue.kafka_error)
             if step != "init_transactions" and err.txn_requires_abort():
                 return self._abort(mops, reports, records, began_at, read, f"{step}: {err.str()}")
             if step in ("init_transactions", "begin_transaction") and not err.fatal():
@@ -141,8 +141,8 @@ class TxnClient(QueueClient):
                 self.producer.commit_transaction(self.txn_timeout)
                 self.producer.poll(0)  # the delivery reports of the last sends
                 return self._completion("ok", mops, reports, records, None)
-            except KafkaException as exc:
-                err = exc.args[0]
+            except (KafkaException, SystemError) as exc:
+                err = kafka_error(exc)
                 kind, why = commit_outcome(err)
                 if kind == "fail":
                     return self._abort(mops, reports, records, began_at, read, f"commit_transaction: {err.str()}")
@@ -155,9 +155,9 @@ class TxnClient(QueueClient):
     def _abort(self, mops, reports, records, began_at, read, why: str) -> Op:
         try:
             self.producer.abort_transaction(self.txn_timeout)
-        except KafkaException as exc:
+        except (KafkaException, SystemError) as exc:
             return self._completion("info", mops, reports, records,
-                                    f"{why}; abort_transaction: {exc.args[0].str()}; the producer is replaced")
+                                    f"{why}; abort_transaction: {kafka_error(exc).str()}; the producer is replaced")
         # Read again what the aborted transaction read: its consumption is rolled back too.
         try:
             self._rewind(read, began_at)
