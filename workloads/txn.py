@@ -9,7 +9,8 @@ Client. In: one operation. Out: its completion. A `txn` runs on a transactional 
 the process's consumer (read_committed unless the run says otherwise): begin, the micro-operations
 in order, commit. A share of transactions (`abort_p`, drawn from the client's own random stream,
 seeded by the run's seed and the process) is aborted on purpose, before one of its
-micro-operations or before the commit. Completions:
+micro-operations or before the commit, after a flush: what it sent so far is in the log (acknowledged,
+uncommitted) when the abort marker follows. Completions:
 
 - `ok`: committed; every send carries its offset, every poll its records.
 - `fail`: aborted (on purpose, or because the producer said the transaction must be): nothing it
@@ -84,7 +85,8 @@ class TxnClient(QueueClient):
             abort_at = self.rng.randrange(len(mops) + 1) if self.rng.random() < self.abort_p else None
             for i, mop in enumerate(mops):
                 if i == abort_at:
-                    return self._abort(mops, reports, records, began_at, read, ABORTED)
+                    step = "flush before the abort"
+                    return self._abort_on_purpose(mops, reports, records, began_at, read)
                 if mop["f"] == "send":
                     step = f"send {mop['value']} to {mop['key']}"
                     topic, partition = parse_key(mop["key"])
@@ -94,7 +96,8 @@ class TxnClient(QueueClient):
                     step = "poll"
                     records[i] = self._consume(read)
             if abort_at == len(mops):
-                return self._abort(mops, reports, records, began_at, read, ABORTED)
+                step = "flush before the abort"
+                return self._abort_on_purpose(mops, reports, records, began_at, read)
             if self.subscribed and read:
                 # Jepsen's: the group's offsets commit with the transaction, or not at all.
                 step = "send_offsets_to_transaction"
@@ -151,6 +154,15 @@ class TxnClient(QueueClient):
                 return self._completion("info", mops, reports, records,
                                         f"commit_transaction: {err.str()}: {why}; the producer is replaced")
         raise AssertionError("unreachable")
+
+    def _abort_on_purpose(self, mops, reports, records, began_at, read) -> Op:
+        """Abort after the transaction's sends so far reached the log (a flush within the
+        transaction), as an application's that fails after writing: without it librdkafka purges
+        what is still queued, an aborted transaction often leaves nothing in the log, and neither
+        read_committed's hiding of aborted records nor a read_uncommitted consumer's reading them is
+        put to the test."""
+        self.producer.flush(self.txn_timeout)
+        return self._abort(mops, reports, records, began_at, read, ABORTED)
 
     def _abort(self, mops, reports, records, began_at, read, why: str) -> Op:
         try:
