@@ -226,8 +226,9 @@ def produce_all(producer: Producer, mops: list[Op], timeout: float) -> "tuple[li
             # Never queued, and nothing after it is produced; those queued may still go out.
             reports[i] = Report(NOT_QUEUED, detail=f"produce() refused it: {exc or type(exc).__name__}")
             reports[i + 1:] = [Report(NOT_SENT) for _ in mops[i + 1:]]
-            if isinstance(exc, KafkaException) and kafka_error(exc).code() == KafkaError._FATAL:
-                fatal = kafka_error(exc).str()
+            err = kafka_error(exc) if isinstance(exc, KafkaException) else None
+            if err is not None and err.code() == KafkaError._FATAL:
+                fatal = err.str()
             break
     # A fatal error ends the flush that meets it, and the delivery callback that runs while it is
     # pending loses its report (that message stays None: indeterminate); a second flush delivers
