@@ -19,6 +19,7 @@ import json
 import logging
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -340,23 +341,40 @@ def _witness_ops(results: dict[str, Any]) -> list[int]:
                    for o in (w.get("ops") or [])[:WITNESS_OPS] if isinstance(o, int)})
 
 
-def render(directory: Path, results: dict[str, Any], spark=None) -> str:
-    """The report of the store folder `directory` whose results are `results`, as HTML. With a
-    Spark session, a history too large for memory is drawn from Spark's figures."""
-    directory = directory.resolve()
+@dataclass
+class Drawn:
+    """What a report draws from the history alone: its timeline (None with `problem`, why not),
+    the fault colours, and the HTML of the plots over time."""
+    timeline: Timeline | None
+    problem: str | None
+    colours: dict[str, str]
+    plots: str
+
+
+def _matplotlib() -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     matplotlib.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "faultline", "font.family": "sans-serif"})
-    spec, spec_problem = {}, None
-    if (directory / "test.json").exists():
-        try:
-            spec = json.loads((directory / "test.json").read_text())
-            spec = spec if isinstance(spec, dict) else {}
-        except (OSError, ValueError) as exc:
-            spec_problem = f"test.json could not be read ({exc}): the run's settings are not shown"
-    head, cls = VERDICTS.get(results.get("valid"), ("UNKNOWN", "unknown"))
-    stats = results.get("stats") or {}
+
+
+def needs_results(directory: Path) -> bool:
+    """Whether drawing `directory`'s history needs its results first: one too large for memory is
+    drawn from Spark's figures, which pick out the witness operations."""
+    history = Path(directory) / "history.jsonl"
+    try:
+        size = history.stat().st_size if history.exists() else 0
+    except OSError:
+        return False
+    return size > float(os.environ.get("FAULTLINE_REPORT_MAX_MB") or MAX_HISTORY_MB) * 1e6
+
+
+def draw(directory: Path, results: dict[str, Any] | None = None, spark=None) -> Drawn:
+    """The plots over time of the store folder `directory`. They need only the history, so a check
+    draws them while its analysis runs (checker.check), except for a history too large for memory
+    (needs_results), drawn from Spark's figures with `results` and `spark`."""
+    _matplotlib()
+    directory = Path(directory).resolve()
     timeline, problem = None, None
     history = directory / "history.jsonl"
     try:
@@ -365,7 +383,7 @@ def render(directory: Path, results: dict[str, Any], spark=None) -> str:
         if size > limit * 1e6 and spark is not None:
             from ..history_analysis.spark_timeline import spark_timeline
 
-            timeline = spark_timeline(spark, history, _witness_ops(results))
+            timeline = spark_timeline(spark, history, _witness_ops(results or {}))
         elif size > limit * 1e6:
             problem = (f"the history is {size / 1e6:.0f} MB, and without Spark the plots are drawn in memory for "
                        f"histories up to {limit:g} MB (about 280,000 operations); check it with the Spark engine, "
@@ -376,6 +394,33 @@ def render(directory: Path, results: dict[str, Any], spark=None) -> str:
     except OSError as exc:
         problem = f"the history could not be read for the plots: {exc}"
     colours = _fault_colour(timeline.faults) if timeline else {}
+    if timeline is None:
+        plots = f'<p class="note" id="no-plots">No plots: {html.escape(problem or "no history.jsonl in this folder")}.</p>'
+    else:
+        plots = "\n".join(["<h2>Over time</h2>", _latency_plot(timeline, colours), _quantile_plot(timeline, colours),
+                           _throughput_plot(timeline, colours), _lag_plot(timeline, colours),
+                           _unseen_plot(timeline, colours), "<h2>Faults</h2>", _faults_table(timeline, colours)])
+    return Drawn(timeline, problem, colours, plots)
+
+
+def render(directory: Path, results: dict[str, Any], spark=None, drawn: Drawn | None = None) -> str:
+    """The report of the store folder `directory` whose results are `results`, as HTML. With a
+    Spark session, a history too large for memory is drawn from Spark's figures. `drawn`: its
+    plots over time, already drawn (draw)."""
+    directory = directory.resolve()
+    _matplotlib()
+    spec, spec_problem = {}, None
+    if (directory / "test.json").exists():
+        try:
+            spec = json.loads((directory / "test.json").read_text())
+            spec = spec if isinstance(spec, dict) else {}
+        except (OSError, ValueError) as exc:
+            spec_problem = f"test.json could not be read ({exc}): the run's settings are not shown"
+    head, cls = VERDICTS.get(results.get("valid"), ("UNKNOWN", "unknown"))
+    stats = results.get("stats") or {}
+    if drawn is None:
+        drawn = draw(directory, results, spark)
+    timeline, colours = drawn.timeline, drawn.colours
     reasons = results.get("unknown_reasons") or ([results["error"]] if results.get("error") else [])
     parts = [
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
@@ -398,27 +443,24 @@ def render(directory: Path, results: dict[str, Any], spark=None) -> str:
          "" if spec_problem else
          "<p class=\"note\">No test.json beside the history: this history was not recorded by a faultline run.</p>"),
         _settings(spec) if spec else "", "</header>",
+        drawn.plots,
+        "<h2>Anomalies</h2>", _anomalies(results, timeline, colours), "<h2>Files</h2>", _files(directory),
+        "</body></html>",
     ]
-    if timeline is None:
-        parts.append(f'<p class="note" id="no-plots">No plots: {html.escape(problem or "no history.jsonl in this folder")}.</p>')
-    else:
-        parts += ["<h2>Over time</h2>", _latency_plot(timeline, colours), _quantile_plot(timeline, colours),
-                  _throughput_plot(timeline, colours), _lag_plot(timeline, colours), _unseen_plot(timeline, colours),
-                  "<h2>Faults</h2>", _faults_table(timeline, colours)]
-    parts += ["<h2>Anomalies</h2>", _anomalies(results, timeline, colours), "<h2>Files</h2>", _files(directory),
-              "</body></html>"]
     return "\n".join(parts)
 
 
-def write_report(directory: str | os.PathLike, results: dict[str, Any] | None = None, spark=None) -> Path | None:
+def write_report(directory: str | os.PathLike, results: dict[str, Any] | None = None, spark=None,
+                 drawn: Drawn | None = None) -> Path | None:
     """Write `directory`/report.html; its results from results.json when not given; `spark`: a
-    session for histories too large to draw in memory. A report that cannot be made is logged and
-    skipped (None): it never changes the verdict or the exit status."""
+    session for histories too large to draw in memory; `drawn`: its plots over time, when already
+    drawn. A report that cannot be made is logged and skipped (None): it never changes the verdict
+    or the exit status."""
     directory = Path(directory)
     try:
         if results is None:
             results = json.loads((directory / "results.json").read_text())
-        text = render(directory, results, spark)
+        text = render(directory, results, spark, drawn)
         path = directory / REPORT
         tmp = path.with_suffix(".html.tmp")
         tmp.write_text(text)
