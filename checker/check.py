@@ -7,8 +7,9 @@ Out: for each path, its results (written to results.json beside the
 history, with report.html) and exit status. A checker never crashes the run: an unreadable
 history or an analysis error becomes an `unknown` verdict with the reason.
 
-The reports are drawn in a thread of their own (`Reports`) while the analysis goes on: a small
-check's Spark work leaves a core idle, and a report's plots over time need only the history.
+The reports are drawn in a thread of their own (`Reports`) while the analyses go on (a report's
+plots over time need only the history); several small histories are checked two at a time
+(CONCURRENT_CHECKS).
 """
 
 from __future__ import annotations

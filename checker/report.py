@@ -355,10 +355,9 @@ def _witness_ops(results: dict[str, Any]) -> list[int]:
 
 @dataclass
 class Drawn:
-    """What a report draws from the history alone: its timeline (None with `problem`, why not),
-    the fault colours, and the HTML of the plots over time."""
+    """What a report draws from the history alone: its timeline (None when it has none to draw),
+    the fault colours, and the HTML of the plots over time (or of why there are none)."""
     timeline: Timeline | None
-    problem: str | None
     colours: dict[str, str]
     plots: str
 
@@ -370,15 +369,21 @@ def _matplotlib() -> None:
     matplotlib.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "faultline", "font.family": "sans-serif"})
 
 
+def _size_and_limit(history: Path) -> tuple[int, float]:
+    """The history's size in bytes (0 when absent) and the largest drawn in memory, in MB; OSError
+    when it cannot be read."""
+    size = history.stat().st_size if history.exists() else 0
+    return size, float(os.environ.get("FAULTLINE_REPORT_MAX_MB") or MAX_HISTORY_MB)
+
+
 def needs_results(directory: Path) -> bool:
     """Whether drawing `directory`'s history needs its results first: one too large for memory is
     drawn from Spark's figures, which pick out the witness operations."""
-    history = Path(directory) / "history.jsonl"
     try:
-        size = history.stat().st_size if history.exists() else 0
+        size, limit = _size_and_limit(Path(directory) / "history.jsonl")
     except OSError:
         return False
-    return size > float(os.environ.get("FAULTLINE_REPORT_MAX_MB") or MAX_HISTORY_MB) * 1e6
+    return size > limit * 1e6
 
 
 def draw(directory: Path, results: dict[str, Any] | None = None, spark=None) -> Drawn:
@@ -390,8 +395,7 @@ def draw(directory: Path, results: dict[str, Any] | None = None, spark=None) -> 
     timeline, problem = None, None
     history = directory / "history.jsonl"
     try:
-        size = history.stat().st_size if history.exists() else 0
-        limit = float(os.environ.get("FAULTLINE_REPORT_MAX_MB") or MAX_HISTORY_MB)
+        size, limit = _size_and_limit(history)
         if size > limit * 1e6 and spark is not None:
             from ..history_analysis.spark_timeline import spark_timeline
 
@@ -412,7 +416,7 @@ def draw(directory: Path, results: dict[str, Any] | None = None, spark=None) -> 
         plots = "\n".join(["<h2>Over time</h2>", _latency_plot(timeline, colours), _quantile_plot(timeline, colours),
                            _throughput_plot(timeline, colours), _lag_plot(timeline, colours),
                            _unseen_plot(timeline, colours), "<h2>Faults</h2>", _faults_table(timeline, colours)])
-    return Drawn(timeline, problem, colours, plots)
+    return Drawn(timeline, colours, plots)
 
 
 def render(directory: Path, results: dict[str, Any], spark=None, drawn: Drawn | None = None) -> str:
