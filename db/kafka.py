@@ -46,7 +46,6 @@ log = logging.getLogger("faultline.db.kafka")
 BROKER_PORT = 9092
 CONTROLLER_PORT = 9093
 CONTROLLER_ID_BASE = 100
-HEAP = "-Xmx512m"
 # Files of a node's folder copied into store/nodes/<node>/ (the GC log rotates: kafka-gc.log.N too).
 LOG_FILES = ("server.log", "controller.log", "state-change.log", "kafka.out", "server.properties",
              "format.log", "disk.log")
@@ -179,8 +178,7 @@ class KafkaDB(ReferenceBrokerDB):
         java = self.remotes[node].java
         version = self.spec.kafka_version
         config = self.home / kafka_jars.log_config_name(version)
-        return [java, HEAP, "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-XX:+ExitOnOutOfMemoryError",
-                "-Djava.awt.headless=true",
+        return [java, *kafka_jars.BROKER_JVM_OPTIONS, *self._archive(node),
                 f"-Xlog:gc*:file={self.node_dir(node) / 'kafka-gc.log'}:time,tags:filecount=4,filesize=20M",
                 f"-Dkafka.logs.dir={self.node_dir(node)}", kafka_jars.log_config_property(version, config),
                 "-cp", f"{self.home / 'lib'}/*", "kafka.Kafka", str(self.properties_path(node))]
@@ -209,7 +207,7 @@ class KafkaDB(ReferenceBrokerDB):
         props.write_text(properties_text(self.settings(node, root)))
         java = self.remotes[node].java
         config = self.home / kafka_jars.log_config_name(self.spec.kafka_version)
-        cmd = [java, "-Xmx256m", kafka_jars.log_config_property(self.spec.kafka_version, config),
+        cmd = [java, "-Xmx256m", *self._archive(node), kafka_jars.log_config_property(self.spec.kafka_version, config),
                f"-Dkafka.logs.dir={self.node_dir(node) / 'format-logs'}", "-cp", f"{self.home / 'lib'}/*",
                "kafka.tools.StorageTool", "format", "-t", self.cluster_id, "-c", str(props)]
         for name, level in self.spec.kafka_features.items():
@@ -219,6 +217,12 @@ class KafkaDB(ReferenceBrokerDB):
         if proc.returncode != 0:
             raise RuntimeError(f"formatting Kafka's storage on {node} failed (exit {proc.returncode}):\n"
                                f"{(proc.stdout + proc.stderr)[-2000:]}")
+
+    def _archive(self, node: str) -> list[str]:
+        """The class archive's option for the node's JVM (kafka_archive): none in a container."""
+        from . import kafka_archive
+
+        return kafka_archive.options(self.spec.kafka_version, self.remotes[node].java)
 
     def start(self, node: str) -> int:
         remote = self.remotes[node]
@@ -277,6 +281,10 @@ class KafkaDB(ReferenceBrokerDB):
 
     def setup(self) -> None:
         self.home = _jars().resolve(self.spec.kafka_version)
+        from . import kafka_archive
+
+        for java in sorted({self.remotes[n].java for n in self.nodes}):
+            kafka_archive.ensure(self.spec.kafka_version, java)
         if self.zookeeper is not None:
             self.zookeeper.setup()
         for node in self.nodes:
@@ -309,10 +317,16 @@ class KafkaDB(ReferenceBrokerDB):
                 pass
 
         def stop(node: str) -> None:
-            # A node whose quorum is gone waits for it on a clean shutdown; the run is over, so
-            # it gets 10 s, then SIGKILL (only a power-loss run's disk needs the clean end).
+            # The history is closed and the data folders are thrown away, so nothing needs a clean
+            # end but a power-loss run's disk (which the broker's clean shutdown flushes): the rest
+            # are SIGKILLed, as Jepsen's teardown does. A clean shutdown of three nodes took 6-10 s
+            # (each waits for the quorum that its peers are leaving). A node whose quorum is gone
+            # waits for it on a clean shutdown: it gets 10 s, then SIGKILL.
             try:
-                self.remotes[node].stop(DAEMON, 10)
+                if self.power_loss:
+                    self.remotes[node].stop(DAEMON, 10)
+                else:
+                    self.remotes[node].kill(DAEMON)
             except Exception as exc:  # noqa: BLE001 - teardown goes on for the other nodes
                 log.warning("stopping Kafka on %s failed: %s", node, exc)
             if self.power_loss:

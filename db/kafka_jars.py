@@ -37,6 +37,9 @@ DEFAULT_VERSION = "4.3.1"
 # The goal by its full name: a prefix (dependency:...) would need Maven Central's plugin index.
 PLUGIN_GOAL = "org.apache.maven.plugins:maven-dependency-plugin:3.6.1:copy-dependencies"
 MARKER = "resolved"  # written last: a folder without it is incomplete
+# Every broker and controller JVM's options before its class path (kafka.py, kafka_archive.py).
+BROKER_JVM_OPTIONS = ("-Xmx512m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-XX:+ExitOnOutOfMemoryError",
+                      "-Djava.awt.headless=true")
 
 
 class KafkaJarsError(RuntimeError):
