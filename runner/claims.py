@@ -12,6 +12,13 @@ Each run is a `faultline run` of its own, in a child process (`python -m faultli
 SPEC RESULT`): its cluster has its own namespaces and subnet, so `parallel` runs can go at once.
 Ctrl-C or SIGTERM stops them all: each child is told once (SIGINT), cleans up, checks what it
 recorded, and the tables are written from what finished.
+
+A claims run can be resumed (`faultline claims --resume DIR`): `claims-run.json` keeps what was
+asked (systems, seeds, claims, quick), and `finished.jsonl` one line per run judged (its spec,
+exit status and folder, and whether the claims run was being interrupted as it ended). A resumed
+run plans the same runs, takes each finished one whose spec is unchanged and was not cut short by
+the interrupt, runs the rest, and tables them all: a 20-seed run on both systems (hours) can be
+done in parts.
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ from ..models.spec import TestSpec, spec_from_fields
 
 QUICK_SEEDS = 1
 INTERRUPTED = 130
+ASKED = "claims-run.json"
+FINISHED = "finished.jsonl"
 # A run of 3 Kafka brokers wants about a core and 3 GB; fewer runs at once than that skews timing.
 CORES_PER_RUN = 2
 GIB_PER_RUN = 6
@@ -109,6 +118,48 @@ def plan_jobs(claims: list[Claim], systems: list[tuple[str, str | None]], seeds:
     return rows, jobs
 
 
+def write_asked(out: Path, asked: dict[str, Any]) -> None:
+    """Keep what a claims run was asked (db, kafka_versions, seeds, quick, only) for --resume."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / ASKED).write_text(json.dumps(asked, indent=2) + "\n")
+
+
+def read_asked(out: Path) -> dict[str, Any]:
+    """What the claims run in `out` was asked; ValueError saying what is wrong and what to give."""
+    try:
+        asked = json.loads((out / ASKED).read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{out} is not a claims run's folder: it has no {ASKED}. Give the folder "
+                         f"`faultline claims` printed at its start (store/claims/<timestamp>)") from None
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{out / ASKED} cannot be read ({exc}); start a new claims run instead") from None
+    missing = [k for k in ("db", "kafka_versions", "seeds", "quick", "only") if k not in asked]
+    if missing:
+        raise ValueError(f"{out / ASKED} lacks {', '.join(missing)}; start a new claims run instead")
+    return asked
+
+
+def finished_before(out: Path, jobs: list[Job]) -> dict[int, tuple[dict[str, Any], str]]:
+    """The jobs an earlier part of this claims run finished: job number -> (results, run folder),
+    for each line of finished.jsonl whose spec is the job's (a changed claim file runs again), that
+    ended before any interrupt and whose folder still has its results.json."""
+    path = out / FINISHED
+    if not path.exists():
+        return {}
+    by_spec = {json.dumps(j.spec.to_json(), sort_keys=True): j for j in jobs}
+    done: dict[int, tuple[dict[str, Any], str]] = {}
+    for line in path.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+            job = by_spec.get(json.dumps(entry["spec"], sort_keys=True))
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut short when the claims run was killed
+        if job is None or entry.get("interrupted") or not (Path(entry["run_dir"]) / "results.json").is_file():
+            continue
+        done[job.number] = (_results(Path(entry["run_dir"])), entry["run_dir"])
+    return done
+
+
 class ChildRuns:
     """Runs a spec as `faultline run` in a child process of its own session (so a terminal's
     Ctrl-C reaches the children only through `stop`, once each); its output goes to
@@ -155,11 +206,14 @@ class ChildRuns:
 
 
 def run_claims(claims: list[Claim], systems: list[tuple[str, str | None]], seeds: int, quick: bool, out: Path,
-               run: Callable | None = None, say: Callable[[str], None] = print, parallel: int = 1) -> list[Row]:
+               run: Callable | None = None, say: Callable[[str], None] = print, parallel: int = 1,
+               resume: bool = False) -> list[Row]:
     """Run and judge every claim on every system, `parallel` runs at once; `run(spec) -> (status,
     run_dir)` (a ChildRuns by default). Returns the rows; on Ctrl-C or SIGTERM the runs are
-    stopped, the rows judge what finished, and each row's `interrupted` is true."""
+    stopped, the rows judge what finished, and each row's `interrupted` is true. With `resume`,
+    the runs `out` finished before are taken, not run again."""
     rows, jobs = plan_jobs(claims, systems, seeds, quick, out)
+    out.mkdir(parents=True, exist_ok=True)
     said = threading.Lock()
     tell = say
 
@@ -167,7 +221,10 @@ def run_claims(claims: list[Claim], systems: list[tuple[str, str | None]], seeds
         with said:
             tell(text)
     children = ChildRuns(out) if run is None else None
-    results: dict[int, tuple[dict[str, Any], str | None]] = {}
+    results: dict[int, tuple[dict[str, Any], str | None]] = dict(finished_before(out, jobs)) if resume else {}
+    if resume:
+        say(f"resuming {out}: {len(results)} of {len(jobs)} runs finished before; {len(jobs) - len(results)} to run")
+    ledger = open(out / FINISHED, "a")
     previous = None
     if threading.current_thread() is threading.main_thread():
         def on_term(signum, frame):
@@ -182,7 +239,7 @@ def run_claims(claims: list[Claim], systems: list[tuple[str, str | None]], seeds
         status, run_dir = children(job.spec, job.number) if children else run(job.spec)
         return job, status, run_dir
 
-    def finish(job: Job, status: int, run_dir: Path | None) -> None:
+    def finish(job: Job, status: int, run_dir: Path | None, interrupted: bool = False) -> None:
         # Judged once: the interrupt's clean-up finishes every run again, as one may have ended
         # while this was under way for it (the signal lands between any two steps).
         if job.number in results:
@@ -195,12 +252,17 @@ def run_claims(claims: list[Claim], systems: list[tuple[str, str | None]], seeds
         say(f"[{job.number}/{len(jobs)}] {job.what}: {_said(result)} "
             f"({time.monotonic() - started[job.number]:.0f} s): {run_dir}")
         results[job.number] = (result, str(run_dir))
+        # A run that ended during the interrupt may have been cut short: a resumed run does it again.
+        ledger.write(json.dumps({"job": job.number, "spec": job.spec.to_json(), "status": status,
+                                 "run_dir": str(run_dir), "interrupted": interrupted}) + "\n")
+        ledger.flush()
 
     futures: list = []
     interrupted = False
     try:
         for job in jobs:
-            futures.append(pool.submit(one, job))
+            if job.number not in results:
+                futures.append(pool.submit(one, job))
         pending = set(futures)
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -212,16 +274,19 @@ def run_claims(claims: list[Claim], systems: list[tuple[str, str | None]], seeds
             f"recorded, then the tables judge the {len(results)} finished run(s) and those")
         for future in futures:
             future.cancel()  # those not started; a run under way or ended is not cancelled
+        # Runs that ended before the stop are whole; those under way now are told to stop.
+        ended = {future for future in futures if future.done()}
         if children:
             children.stop()
         for future in futures:
             if not future.cancelled():
                 try:
-                    finish(*future.result())
+                    finish(*future.result(), interrupted=future not in ended)
                 except Exception:  # noqa: BLE001 - an interrupted run that left nothing is simply not judged
                     continue
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+        ledger.close()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     for i, row in enumerate(rows):

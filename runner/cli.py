@@ -213,33 +213,57 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_claims(args: argparse.Namespace) -> int:
     from ..models.claims import ClaimError, load_claims
     from ..models.spec import SpecError
-    from .claims import QUICK_SEEDS, default_parallel, exit_status, markdown, run_claims, system_names, write_outputs
+    from .claims import (QUICK_SEEDS, default_parallel, exit_status, markdown, read_asked, run_claims, system_names,
+                         write_asked, write_outputs)
 
     if os.geteuid() != 0:
         print("faultline claims: the runs make a network namespace per node, which needs root; run it as root",
               file=sys.stderr)
         return 2
+    if args.resume:
+        given = [flag for flag, value in (("--db", args.db), ("--kafka-version", args.kafka_version),
+                                          ("--seeds", args.seeds), ("--only", args.only),
+                                          ("--quick", args.quick or None)) if value is not None]
+        if given:
+            print(f"faultline claims: --resume runs what {args.resume} was asked; {' and '.join(given)} cannot "
+                  f"change it. Drop {' and '.join(given)}, or start a new claims run without --resume",
+                  file=sys.stderr)
+            return 2
+        out = Path(args.resume)
+        try:
+            asked = read_asked(out)
+        except ValueError as exc:
+            print(f"faultline claims: {exc}", file=sys.stderr)
+            return 2
+    else:
+        out = Path(args.store) / "claims" / time.strftime("%Y%m%dT%H%M%S")
+        asked = {"db": args.db or "reference", "kafka_versions": args.kafka_version or ["4.3.1"],
+                 "seeds": args.seeds if args.seeds is not None else QUICK_SEEDS if args.quick else 20,
+                 "quick": args.quick, "only": args.only}
     try:
-        claims = load_claims(only=args.only)
+        claims = load_claims(only=asked["only"])
     except (ClaimError, SpecError) as exc:
         print(f"faultline claims: {exc}", file=sys.stderr)
         return 2
-    seeds = args.seeds if args.seeds is not None else QUICK_SEEDS if args.quick else 20
+    seeds = asked["seeds"]
     parallel = args.parallel if args.parallel is not None else default_parallel()
     if seeds < 1 or parallel < 1:
         print(f"faultline claims: --seeds and --parallel must be 1 or more, not {min(seeds, parallel)}",
               file=sys.stderr)
         return 2
-    out = Path(args.store) / "claims" / time.strftime("%Y%m%dT%H%M%S")
-    systems = system_names(args.db, args.kafka_version or ["4.3.1"])
+    systems = system_names(asked["db"], asked["kafka_versions"])
+    if not args.resume:
+        write_asked(out, asked)
     print(f"faultline claims: {len(claims)} claim(s) on {', '.join(s if v is None else f'kafka {v}' for s, v in systems)}, "
-          f"{seeds} seed(s) each{' (quick)' if args.quick else ''}, {parallel} run(s) at once; results in {out}",
+          f"{seeds} seed(s) each{' (quick)' if asked['quick'] else ''}, {parallel} run(s) at once; results in {out}",
           flush=True)
-    rows = run_claims(claims, systems, seeds, args.quick, out, say=lambda text: print(text, flush=True),
-                      parallel=parallel)
+    rows = run_claims(claims, systems, seeds, asked["quick"], out, say=lambda text: print(text, flush=True),
+                      parallel=parallel, resume=bool(args.resume))
     write_outputs(rows, seeds, out)
     print(markdown(rows, seeds))
     print(f"tables: {out / 'claims.md'}, {out / 'claims.html'}")
+    if any(r.interrupted for r in rows):
+        print(f"resume with: faultline claims --resume {out}")
     return exit_status(rows)
 
 
@@ -402,14 +426,16 @@ def build_parser() -> argparse.ArgumentParser:
                                         "side showed the anomaly) or UNDECIDED, with the first witness run.",
                             epilog="examples:\n  faultline claims --quick\n"
                                    "  faultline claims --db both --kafka-version 3.9.1 --kafka-version 4.3.1\n"
-                                   "  faultline claims --only acks-1-loses-on-leader-death --seeds 5\n\n"
+                                   "  faultline claims --only acks-1-loses-on-leader-death --seeds 5\n"
+                                   "  faultline claims --resume store/claims/20261127T031500\n\n"
                                    "Writes store/claims/<timestamp>/claims.md, claims.html and claims.json; every "
                                    "run is a normal store folder below it (runs/), with its output in logs/. "
                                    "Ctrl-C stops the runs under way (each cleans up and checks what it "
-                                   "recorded) and tables what finished.\n\nExit status: 1 when a claim is "
+                                   "recorded) and tables what finished; --resume with that folder later runs "
+                                   "the rest (a run cut short by the stop runs again) and tables them all.\n\nExit status: 1 when a claim is "
                                    "contradicted; 130 when interrupted; 0 otherwise.",
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    claims.add_argument("--db", choices=("reference", "kafka", "both"), default="reference",
+    claims.add_argument("--db", choices=("reference", "kafka", "both"),
                         help="the systems to run on (default reference: faultline's own broker)")
     claims.add_argument("--kafka-version", action="append", metavar="V",
                         help="Apache Kafka version(s) for --db kafka/both (repeat for several; default 4.3.1)")
@@ -421,6 +447,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="runs at once (default: one per 2 cores and 6 GiB of memory, so 1 on a 2-core "
                              "machine); each has its own cluster, but runs sharing cores change each other's timing")
     claims.add_argument("--store", default="store", metavar="DIR", help="the store folder (default ./store)")
+    claims.add_argument("--resume", metavar="DIR",
+                        help="go on with the claims run in DIR (store/claims/<timestamp>), stopped or killed "
+                             "before it finished: its finished runs are kept, the rest run, and the tables cover "
+                             "all of them; it runs what DIR was asked (no --db, --seeds, --only, --quick)")
     claims.set_defaults(func=cmd_claims)
 
     clean = sub.add_parser("cleanup", help="remove namespaces, links, mounts, containers and processes an earlier "

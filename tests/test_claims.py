@@ -12,7 +12,7 @@ from faultline.models.claims import (CONFIRMED, CONTRADICTED, HELD, NA, NOT_REPR
                                      VIOLATED, ClaimError, Outcome, Side, judge_claim, judge_side, load_claim, load_claims)
 from faultline.models.spec import spec_from_fields
 from faultline.runner import testmap
-from faultline.runner.claims import (INTERRUPTED, exit_status, markdown, run_claims, system_names,
+from faultline.runner.claims import (INTERRUPTED, exit_status, markdown, plan_jobs, run_claims, system_names,
                                      write_outputs)
 
 UNSAFE = Side("unsafe", {}, ("lost-write", "unseen"), True)
@@ -151,7 +151,7 @@ def fake_runs(shown: dict[tuple[str, int], list[str]], on_run=None):
         if on_run is not None:
             on_run(spec)
         folder = Path(spec.store) / spec.name / f"seed{spec.seed}"
-        folder.mkdir(parents=True)
+        folder.mkdir(parents=True, exist_ok=True)  # a resumed claims run may run a seed again
         kinds = shown.get((spec.name, spec.seed), [])
         (folder / "results.json").write_text(json.dumps({"valid": not kinds, "anomaly_types": kinds}))
         return (0 if not kinds else 1), folder
@@ -247,6 +247,63 @@ def test_a_run_that_ended_is_judged_even_when_the_signal_lands_while_it_is_being
     assert (unsafe.verdict, unsafe.showing) == (REPRODUCED, 1) and unsafe.runs >= 1, unsafe
     assert row.interrupted and exit_status(rows) == INTERRUPTED
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_stopped_claims_run_resumed_runs_only_what_it_lacks_and_tables_like_one_that_never_stopped(tmp_path):
+    import os
+    import signal
+    import time
+
+    claims = load_claims(only=["acks-1-loses-on-leader-death", "hw-truncation-loses"])
+    shown = {("acks-1-loses-on-leader-death-unsafe-reference", 2): ["lost-write"],
+             ("hw-truncation-loses-unsafe-reference", 1): ["reused-offset"]}
+    systems = system_names("reference", [])
+    whole = tmp_path / "whole"
+    expected = markdown(run_claims(claims, systems, 2, False, whole, run=fake_runs(shown), say=lambda t: None), 2)
+
+    out = tmp_path / "claims"
+    first: list = []
+
+    def stop_at_third(spec):
+        first.append((spec.name, spec.seed))
+        if len(first) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.3)  # the run under way ends while the claims run stops: cut short
+
+    rows = run_claims(claims, systems, 2, False, out, run=fake_runs(shown, stop_at_third), say=lambda t: None)
+    assert rows[0].interrupted and len(first) == 3
+    # The third run ended during the stop: it may be cut short, so it runs again.
+    again: list = []
+    said: list = []
+    rows = run_claims(claims, systems, 2, False, out, say=said.append, resume=True,
+                      run=fake_runs(shown, lambda spec: again.append((spec.name, spec.seed))))
+    assert said[0] == f"resuming {out}: 2 of 8 runs finished before; 6 to run"
+    planned = [(j.spec.name, j.spec.seed) for j in plan_jobs(claims, systems, 2, False, out)[1]]
+    assert planned[:3] == first and again == planned[2:]
+    assert not any(r.interrupted for r in rows)
+    assert markdown(rows, 2).replace(str(out), "OUT") == expected.replace(str(whole), "OUT")
+    # Resumed once more, nothing is left to run; a run whose spec changed (another claim file) runs again.
+    ledger = out / "finished.jsonl"
+    lines = [json.loads(line) for line in ledger.read_text().splitlines()]
+    lines[0]["spec"]["rate"] = 1.0
+    ledger.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    third: list = []
+    run_claims(claims, systems, 2, False, out, say=lambda t: None, resume=True,
+               run=fake_runs(shown, lambda spec: third.append((spec.name, spec.seed))))
+    assert third == [first[0]]
+
+
+def test_resume_takes_what_the_folder_was_asked_and_says_what_is_wrong(tmp_path, capsys):
+    from faultline.runner.cli import main
+
+    assert main(["claims", "--resume", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (
+        f"faultline claims: {tmp_path} is not a claims run's folder: it has no claims-run.json. Give the folder "
+        "`faultline claims` printed at its start (store/claims/<timestamp>)\n")
+    assert main(["claims", "--resume", str(tmp_path), "--seeds", "3", "--quick"]) == 2
+    assert capsys.readouterr().err == (
+        f"faultline claims: --resume runs what {tmp_path} was asked; --seeds and --quick cannot change it. Drop "
+        "--seeds and --quick, or start a new claims run without --resume\n")
 
 
 def test_a_side_without_runs_is_undecided_never_held():
