@@ -98,9 +98,11 @@ def label(system: str, version: str | None) -> str:
 
 def plan_jobs(claims: list[Claim], systems: list[tuple[str, str | None]], seeds: int, quick: bool,
               out: Path) -> tuple[list[Row], list[Job]]:
-    """The rows of the table (n/a ones already judged) and every run they need, in table order."""
+    """The rows of the table (n/a ones already judged) and every run they need: seed 1 of every
+    configuration in table order, then seed 2, and so on, so that a claims run stopped part way has
+    as many seeds of each configuration, give or take one."""
     rows: list[Row] = []
-    jobs: list[Job] = []
+    configurations: list[tuple[int, Claim, str, Side]] = []
     for claim in claims:
         for system, version in systems:
             plan = claim.plan(system, version, quick)
@@ -109,12 +111,14 @@ def plan_jobs(claims: list[Claim], systems: list[tuple[str, str | None]], seeds:
                 rows.append(Row(claim, name, NA, na=plan.na))
                 continue
             rows.append(Row(claim, name, "", note=plan.note))
-            for side in plan.sides:
-                for seed in range(1, seeds + 1):
-                    fields = {**side.fields, "seed": seed, "store": str(out / "runs"),
-                              "name": f"{claim.name}-{side.name}-{name.replace(' ', '-')}"}
-                    jobs.append(Job(len(jobs) + 1, len(rows) - 1, side, seed, spec_from_fields(fields),
-                                    f"{claim.name} on {name}, {side.name} side, seed {seed}"))
+            configurations += [(len(rows) - 1, claim, name, side) for side in plan.sides]
+    jobs: list[Job] = []
+    for seed in range(1, seeds + 1):
+        for row, claim, name, side in configurations:
+            fields = {**side.fields, "seed": seed, "store": str(out / "runs"),
+                      "name": f"{claim.name}-{side.name}-{name.replace(' ', '-')}"}
+            jobs.append(Job(len(jobs) + 1, row, side, seed, spec_from_fields(fields),
+                            f"{claim.name} on {name}, {side.name} side, seed {seed}"))
     return rows, jobs
 
 

@@ -211,12 +211,12 @@ def test_sigterm_stops_the_runs_and_the_tables_judge_what_finished(tmp_path):
     rows = run_claims(claims, system_names("reference", []), 3, False, out,
                       run=fake_runs({("acks-1-loses-on-leader-death-unsafe-reference", 1): ["lost-write"]}, on_run),
                       say=said.append)
-    # The two runs that started finished and count; the other four never started.
+    # The two runs that started (seed 1 of each side) finished and count; the other four never started.
     [row] = rows
     unsafe, safe = row.sides["unsafe"], row.sides["safe"]
-    assert (unsafe[1].verdict, unsafe[1].runs, unsafe[1].showing) == (REPRODUCED, 2, 1)
-    assert (safe[1].verdict, safe[1].runs) == (UNDECIDED, 0)
-    assert row.verdict == UNDECIDED and row.interrupted and count[0] == 2
+    assert (unsafe[1].verdict, unsafe[1].runs, unsafe[1].showing) == (REPRODUCED, 1, 1)
+    assert (safe[1].verdict, safe[1].runs) == (HELD, 1)
+    assert row.verdict == CONFIRMED and row.interrupted and count[0] == 2
     assert exit_status(rows) == INTERRUPTED
     assert any(text.startswith("interrupted (SIGTERM): stopping the runs under way") for text in said)
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
