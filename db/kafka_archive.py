@@ -144,7 +144,10 @@ def _train(bootstrap: str) -> None:
 def build(version: str, java: Path, progress=print) -> Path:
     """Build the archive by one training node (about 10 s on 2 cores). Raises RuntimeError (or the
     client's or the wait's error), saying why, when the node did not start, train or write it."""
-    home = kafka_jars.resolve(version)
+    # Resolved already (callers resolve first): resolving here would take the version's lock again.
+    home = kafka_jars.resolved(version)
+    if home is None:
+        raise RuntimeError(f"Apache Kafka {version}'s jars are not resolved")
     archive = path(version, java)
     started = time.monotonic()
     progress(f"faultline: building the class archive of Apache Kafka {version} (one training node, once) ...")
