@@ -171,7 +171,8 @@ def _throughput_plot(t: Timeline, colours: dict[str, str]) -> str:
         if any(n for _, n in series):
             ax.plot([s + 0.5 for s, _ in series], [n for _, n in series], lw=1.2, color=COLOURS[type_],
                     label=type_)
-    ax.legend(fontsize=8, loc="upper right", ncol=3)
+    if ax.get_lines():  # a history without completions has nothing to label
+        ax.legend(fontsize=8, loc="upper right", ncol=3)
     return _figure("throughput", "Client operations completed in each second, by outcome.", _svg(fig))
 
 

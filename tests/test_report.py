@@ -196,6 +196,21 @@ def test_a_run_whose_test_json_is_broken_is_unknown_and_its_report_says_why(tmp_
     assert 'id="plot-latency"' in text  # the history is still drawn
 
 
+def test_a_run_stopped_before_any_client_operation_is_unknown_and_reported_without_warnings(tmp_path):
+    # What a claims run stopped during a run's set-up leaves: the nemesis' heal, no client operation.
+    folder = tmp_path / "run"
+    history = History()
+    history.nemesis("heal", 0.1, 0.2, {})
+    history.write(folder / "history.jsonl")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib's "No artists with labels" among them
+        [checked] = check_paths([folder], engine="python")
+    assert checked.results["valid"] == "unknown"
+    assert 'id="verdict">UNKNOWN' in (folder / "report.html").read_text()
+
+
 def test_a_history_refused_for_a_line_nested_too_deep_still_gets_its_report(tmp_path):
     folder = invalid_run_with_faults(tmp_path / "run")
     with open(folder / "history.jsonl", "a") as history:
