@@ -317,11 +317,10 @@ class KafkaDB(ReferenceBrokerDB):
                 pass
 
         def stop(node: str) -> None:
-            # The history is closed and the data folders are thrown away, so nothing needs a clean
-            # end but a power-loss run's disk (which the broker's clean shutdown flushes): the rest
-            # are SIGKILLed, as Jepsen's teardown does. A clean shutdown of three nodes took 6-10 s
-            # (each waits for the quorum that its peers are leaving). A node whose quorum is gone
-            # waits for it on a clean shutdown: it gets 10 s, then SIGKILL.
+            # The history is closed and the data folders are thrown away, so only a power-loss
+            # run's disk needs a clean end (the broker's clean shutdown flushes it); that gets 10 s,
+            # as a node whose quorum is gone waits for it, then SIGKILL. The rest are SIGKILLed at
+            # once, as Jepsen's teardown does: a clean shutdown of three nodes took 6-10 s.
             try:
                 if self.power_loss:
                     self.remotes[node].stop(DAEMON, 10)

@@ -23,7 +23,6 @@ build, a damaged file) is ignored by the JVM, which then starts as it would with
 from __future__ import annotations
 
 import argparse
-import fcntl
 import hashlib
 import os
 import shutil
@@ -89,8 +88,7 @@ def ensure(version: str, java: str, progress=None) -> Path | None:
     if failed.exists():
         return None
     say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
-    with open(kafka_jars.cache_root() / f".{version}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # parallel runs of a fresh machine build it once
+    with kafka_jars.version_lock(version):  # parallel runs of a fresh machine build it once
         if archive.is_file():
             return archive
         if failed.exists():

@@ -74,6 +74,17 @@ def log_config_property(version: str, path: Path) -> str:
     return f"-Dlog4j.configuration=file:{path}"
 
 
+@contextlib.contextmanager
+def version_lock(version: str):
+    """Held while anything in the version's cache folder is being made (its jars, its tools, its
+    class archive), so that concurrent runs make it once."""
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".{version}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def version_dir(version: str) -> Path:
     return cache_root() / version
 
@@ -93,10 +104,7 @@ def resolve(version: str, progress=None) -> Path:
     say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
     if (folder := resolved(version)) is not None:
         return folder
-    root = cache_root()
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / f".{version}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another run may be resolving the same version
+    with version_lock(version):  # another run may be resolving the same version
         if (folder := resolved(version)) is not None:
             return folder
         started = time.monotonic()
@@ -115,8 +123,7 @@ def resolve_tools(version: str, progress=None) -> Path:
     folder = resolve(version, progress) / "tools"
     if (folder / MARKER).exists():
         return folder
-    with open(cache_root() / f".{version}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with version_lock(version):
         if (folder / MARKER).exists():
             return folder
         say(f"faultline: resolving Apache Kafka {version}'s tools (kafka-tools) into {folder} ...")
