@@ -8,8 +8,8 @@ history, with report.html) and exit status. A checker never crashes the run: an 
 history or an analysis error becomes an `unknown` verdict with the reason.
 
 The reports are drawn in a thread of their own (`Reports`) while the analyses go on (a report's
-plots over time need only the history); several small histories are checked two at a time
-(CONCURRENT_CHECKS).
+plots over time need only the history); small histories are analysed together, in one Spark plan
+(`batches`).
 """
 
 from __future__ import annotations
@@ -164,6 +164,12 @@ def check(history: Path, model: Model, engine: str = "spark", spark=None, spark_
 
         spark = spark or get_session(spark_master, inputs=history_sizes([history]))
         analysis = analyse(spark, str(history), full_dir=str(full_dir) if full_dir else None)
+    return judge(analysis, model, full_dir)
+
+
+def judge(analysis, model: Model, full_dir: Path | None = None) -> dict[str, Any]:
+    """An engine's Analysis of a history and its model -> results: the cycle search, then the
+    verdict."""
     # What the history shows of its consumers and operations refines the model (rule 10 of the
     # Jepsen semantics: the consumer mode comes from the history, under any model).
     return verdict(add_cycles(analysis, full_dir=full_dir), for_history(model, analysis.stats))
@@ -207,23 +213,36 @@ class Reports:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-# Small histories checked at once, each in a Spark session of its own over one SparkContext: a
-# small history's analysis is mostly planning in one driver thread and tasks of one partition, so
-# a second one at a time uses the other core. 30 histories of 1,500 operations on 2 cores took
-# 3.84 s each one at a time, 2.71 s two at a time, 2.58 s three at a time.
-CONCURRENT_CHECKS = 2
-
-
-def _concurrent(paths: list[str | Path], engine: str) -> int:
-    """How many of `paths` to check at once: CONCURRENT_CHECKS when Spark checks several distinct
-    histories all known to be small (two large analyses at once would need twice the memory),
-    else 1."""
-    if engine != "spark" or len(paths) < 2 or len({locate(p)[0].resolve() for p in paths}) < len(paths):
-        return 1
+def batches(paths: list[str | Path], engine: str) -> list[list[int]]:
+    """The places of `paths`, grouped into the analyses that check them: with Spark, consecutive
+    distinct histories known to be small (session.SMALL_INPUT_BYTES) go together, as many as
+    stay under that size in all, into one analysis (analyse_many: one plan for all; 30 histories
+    of a default run's size took 39 s of CPU so, 123 s one by one); any other path alone."""
+    if engine != "spark":
+        return [[i] for i in range(len(paths))]
     from ..history_analysis.session import SMALL_INPUT_BYTES
 
-    sizes = history_sizes(paths)
-    return CONCURRENT_CHECKS if sizes is not None and max(sizes) < SMALL_INPUT_BYTES else 1
+    out: list[list[int]] = []
+    batch: list[int] | None = None
+    seen: set[Path] = set()
+    total = 0
+    for i, path in enumerate(paths):
+        history = locate(path)[1]
+        try:
+            size, real = history.stat().st_size, history.resolve()
+        except OSError:
+            size = real = None
+        if size is None or size >= SMALL_INPUT_BYTES:
+            out.append([i])
+            batch = None
+            continue
+        if batch is None or total + size >= SMALL_INPUT_BYTES or real in seen:
+            batch, seen, total = [], set(), 0
+            out.append(batch)
+        batch.append(i)
+        seen.add(real)
+        total += size
+    return out
 
 
 def check_paths(paths: list[str | Path], spark_master: str = "local[2]", model: str | None = None,
@@ -231,55 +250,106 @@ def check_paths(paths: list[str | Path], spark_master: str = "local[2]", model: 
     """`spark`: a session to use; by default one is started on the first readable history.
     `engine`: "spark", or "python" (the plain-Python analysis, for histories that fit in memory).
     `report`: also write report.html into each store folder (checker.report); every report is
-    written when this returns. Small histories are checked CONCURRENT_CHECKS at a time."""
+    written when this returns. Small histories are analysed together (`batches`)."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
     reports = Reports() if report else None
-    workers = _concurrent(paths, engine)
     base = {"spark": spark}
-    starting = threading.Lock()
-    mine = threading.local()
 
     def session():
-        """This thread's session: the base one (started by the first history that needs it,
-        tuned for all `paths`), or with several threads a new session over its SparkContext,
-        whose settings (session.sized_for) no other thread changes."""
-        with starting:
-            if base["spark"] is None:
-                from ..history_analysis.session import get_session
+        """The Spark session, started by the first history that needs it, tuned for all `paths`."""
+        if base["spark"] is None:
+            from ..history_analysis.session import get_session
 
-                base["spark"] = get_session(spark_master, inputs=history_sizes(paths))
-        if workers == 1:
-            return base["spark"]
-        if getattr(mine, "spark", None) is None:
-            mine.spark = base["spark"].newSession()
-        return mine.spark
+            base["spark"] = get_session(spark_master, inputs=history_sizes(paths))
+        return base["spark"]
 
-    def one(numbered: tuple[int, str | Path]) -> Checked:
-        i, path = numbered
-        directory, history = locate(path)
-        if progress:
-            progress(f"checking {history} ({i + 1}/{len(paths)})")
-        if reports is not None:
-            reports.start(directory)
-        results, used = _results(directory, history, model, engine, session if engine == "spark" else None,
-                                 spark_master)
-        if directory.is_dir():
-            write_results(directory, results)
-            if reports is not None:
-                if progress:
-                    progress(f"writing {directory / REPORT}")
-                reports.finish(directory, results, used)
-        return Checked(directory, results)
-
+    out: list[Checked | None] = [None] * len(paths)
     try:
-        if workers == 1:
-            return [one(numbered) for numbered in enumerate(paths)]
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="faultline-check") as pool:
-            return list(pool.map(one, enumerate(paths)))
+        for batch in batches(paths, engine):
+            if progress:
+                first, last = batch[0] + 1, batch[-1] + 1
+                what = (f"checking {locate(paths[batch[0]])[1]} ({first}/{len(paths)})" if len(batch) == 1 else
+                        f"checking histories {first}-{last} of {len(paths)} together")
+                progress(what)
+            located = [(i, *locate(paths[i])) for i in batch]
+            if reports is not None:
+                for _, directory, _ in located:
+                    reports.start(directory)
+            found = _checked_together(located, model, session, progress) if len(batch) > 1 else None
+            for i, directory, history in located:
+                if found is not None and i in found:
+                    results, used = found[i], base["spark"]
+                else:
+                    results, used = _results(directory, history, model, engine,
+                                             session if engine == "spark" else None, spark_master)
+                if directory.is_dir():
+                    write_results(directory, results)
+                    if reports is not None:
+                        if progress:
+                            progress(f"writing {directory / REPORT}")
+                        reports.finish(directory, results, used)
+                out[i] = Checked(directory, results)
+        return [c for c in out if c is not None]
     finally:
         if reports is not None:
             reports.close()
+
+
+def _checked_together(located: list[tuple[int, Path, Path]], model: str | None, session,
+                      progress) -> dict[int, dict[str, Any]] | None:
+    """The results of several histories from one Spark analysis (analyse_many), by place; those
+    whose model cannot be known, or with no history file, are left out (checked alone, which
+    says why). None when the analysis itself failed: each is then checked alone, so that a
+    failure names its own history."""
+    from ..history_analysis.anomalies import analyse_many
+
+    ready = []
+    for i, directory, history in located:
+        try:
+            chosen, note = model_for(directory, model)
+        except ValueError:
+            continue
+        if history.exists():
+            ready.append((i, directory, history, chosen, note))
+    if len(ready) < 2:
+        return None
+    try:
+        analyses = analyse_many(session(), [str(h) for _, _, h, _, _ in ready],
+                                full_dirs=[str(d / "anomalies") for _, d, _, _, _ in ready])
+    except Exception:  # noqa: BLE001 - each is checked alone next, and says its own failure
+        log.warning("checking %d histories together failed; checking them one by one", len(ready), exc_info=True)
+        if progress:
+            progress("checking the histories one by one")
+        return None
+    out = {}
+    for (i, directory, history, chosen, note), analysis in zip(ready, analyses):
+        if isinstance(analysis, HistoryError):
+            out[i] = unknown(chosen.name, f"the history could not be read: {analysis}")
+        else:
+            try:
+                out[i] = _completed(directory, judge(analysis, chosen, directory / "anomalies"), note)
+            except Exception as exc:  # noqa: BLE001 - a checker error is an unknown verdict, not a crash
+                log.exception("checking %s failed", history)
+                out[i] = unknown(chosen.name, f"the checker failed: {type(exc).__name__}: {one_line(exc)}")
+    return out
+
+
+def _completed(directory: Path, results: dict[str, Any], note: str | None) -> dict[str, Any]:
+    """A history's results with what its folder adds: the harness's failures (which make the
+    verdict unknown), the note on its model, its rate."""
+    failures = harness_errors(directory)
+    if failures:
+        fail_closed(results, [f"the harness failed during the run ({e}); see {HARNESS_ERRORS}"
+                              for e in failures])
+    if note:
+        results.setdefault("notes", []).append(note)
+    rate, warning = harness_rate(directory)
+    if rate is not None:
+        results["rate"] = rate
+    if warning:
+        results.setdefault("notes", []).append(warning)
+    return results
 
 
 def _results(directory: Path, history: Path, model: str | None, engine: str, session,
@@ -298,18 +368,7 @@ def _results(directory: Path, history: Path, model: str | None, engine: str, ses
         if session is not None:
             spark = session()
         results = check(history, chosen, engine, spark, spark_master, full_dir=directory / "anomalies")
-        failures = harness_errors(directory)
-        if failures:
-            fail_closed(results, [f"the harness failed during the run ({e}); see {HARNESS_ERRORS}"
-                                  for e in failures])
-        if note:
-            results.setdefault("notes", []).append(note)
-        rate, warning = harness_rate(directory)
-        if rate is not None:
-            results["rate"] = rate
-        if warning:
-            results.setdefault("notes", []).append(warning)
-        return results, spark
+        return _completed(directory, results, note), spark
     except HistoryError as exc:
         return unknown(model_name, f"the history could not be read: {exc}"), spark
     except ValueError as exc:

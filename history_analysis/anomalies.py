@@ -2,6 +2,10 @@
 
 In: a SparkSession, the path of a history file, how many example witnesses
 to keep per type (`limit`), and optionally a folder for every witness.
+`analyse_many`: several history files (and a folder for each), analysed in
+one plan: per file its `Analysis`, or the HistoryError that refused it.
+Every row of that plan carries `_fid`, its history's place in the list, and
+every window, grouping and join includes it, so no answer mixes histories.
 
 Out: an `Analysis`:
 - `counts`: anomaly type -> number of anomalies, only for types found: one
@@ -163,13 +167,14 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from .load import History, file_size, load_history
+from ..models.history import HistoryError
+from .load import Histories, file_size, load_histories
 from .ownership import TYPE as OWNERSHIP
 from .ownership import Call, End, overlaps, typed_entries
 from .result import SKIPPED_SHOWN, TYPES, UNEXPECTED_OPS, UNSEEN_VALUES, Analysis, unjudged_note, witness_json
 from .session import materialise, release, sized_for
 
-__all__ = ["TYPES", "Analysis", "analyse"]
+__all__ = ["TYPES", "Analysis", "analyse", "analyse_many"]
 
 # Small summaries travel with the witnesses under internal types (every row
 # kept), so one Spark job yields everything: each key's final log, and the
@@ -186,7 +191,7 @@ _OUTCOME = ("CASE CAST(record.value AS INT) "
             + " ".join(f"WHEN {i} THEN '{o}'" for i, o in enumerate(_OUTCOMES, 1)) + " END")
 
 
-def _events(history: History) -> DataFrame:
+def _events(history: Histories) -> DataFrame:
     """Every fact about a key, one row each, hash-partitioned by key (not persisted: `_facts`
     reads it once).
 
@@ -210,7 +215,7 @@ def _events(history: History) -> DataFrame:
     includes the key).
     """
     ops = history.operations.filter("process != 'nemesis'")
-    common = ["op", "invoke", "process", "type", "completed"]
+    common = ["_fid", "op", "invoke", "process", "type", "completed"]
     per_mop = ops.selectExpr(
         *common, "f = 'send' AS plain", "f = 'txn' AND type IN ('fail', 'info') AS rolled_back",
         "coalesce(exists(mops, m -> m.f = 'send') AND exists(mops, m -> m.f = 'poll'), false) AS mixed",
@@ -252,10 +257,10 @@ def _events(history: History) -> DataFrame:
             .selectExpr("r.key AS key", "'f' AS kind", "CAST(NULL AS LONG) AS offset",
                         f"CAST(array_position({_OUTCOME_ARRAY}, r.outcome) AS LONG) AS value",
                         "CAST(i AS LONG) AS pos", *named))
-    return reduce(DataFrame.unionByName, parts).repartition("key")
+    return reduce(DataFrame.unionByName, parts).repartition("_fid", "key")
 
 
-def _took_effect(history: History) -> DataFrame:
+def _took_effect(history: Histories) -> DataFrame:
     """The `info` operations, other than plain sends, that sent a value with an offset and took
     effect (a poll returned one of their values): column op, small enough to broadcast.
 
@@ -264,14 +269,14 @@ def _took_effect(history: History) -> DataFrame:
     ops = history.operations.filter("process != 'nemesis'")
     candidates = (ops.filter("type = 'info' AND f != 'send' "
                              "AND exists(mops, m -> m.f = 'send' AND m.offset IS NOT NULL)")
-                  .selectExpr("op AS writer", "explode(filter(mops, m -> m.f = 'send')) AS m")
-                  .selectExpr("writer", "m.key AS key", "m.value AS value"))
+                  .selectExpr("_fid", "op AS writer", "explode(filter(mops, m -> m.f = 'send')) AS m")
+                  .selectExpr("_fid", "writer", "m.key AS key", "m.value AS value"))
     records = (ops.filter("exists(mops, m -> m.f = 'poll')")
-               .selectExpr("explode(flatten(transform(filter(mops, m -> m.f = 'poll'), "
+               .selectExpr("_fid", "explode(flatten(transform(filter(mops, m -> m.f = 'poll'), "
                            "m -> coalesce(m.records, array())))) AS r")
-               .selectExpr("r.key AS key", "r.value AS value"))
-    return (records.join(F.broadcast(candidates), ["key", "value"]).selectExpr("writer AS op").distinct()
-            .selectExpr("op", "true AS took_effect"))
+               .selectExpr("_fid", "r.key AS key", "r.value AS value"))
+    return (records.join(F.broadcast(candidates), ["_fid", "key", "value"]).selectExpr("_fid", "writer AS op")
+            .distinct().selectExpr("_fid", "op", "true AS took_effect"))
 
 
 # The log of a key: what polls of any outcome returned, and acknowledged sends.
@@ -284,7 +289,7 @@ _KNOWN_END = "(coalesce(CAST(known AS DECIMAL(20, 0)), -1) + 1)"
 _LATE_END = "(coalesce(CAST(late AS DECIMAL(20, 0)), -1) + 1)"
 
 
-def _facts(history: History) -> DataFrame:
+def _facts(history: Histories) -> DataFrame:
     """The events (`_events`), each with what the rules ask of its key, offset and value;
     materialised (session.materialise: free it with session.release).
 
@@ -309,18 +314,18 @@ def _facts(history: History) -> DataFrame:
 
     Three sorts inside the key partitions: by offset of the log (descending), by rank, by value.
     """
-    events = (_events(history).join(F.broadcast(_took_effect(history)), "op", "left")
+    events = (_events(history).join(F.broadcast(_took_effect(history)), ["_fid", "op"], "left")
               .selectExpr("*", "kind = 's' AND offset IS NOT NULL AND (type = 'ok' OR (type = 'info' "
                                "AND (plain OR coalesce(took_effect, false)))) AS acked")
               .drop("took_effect", "plain"))
     whole = "ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING"
-    desc = "PARTITION BY key ORDER BY lo DESC NULLS LAST"
-    by_rank = "PARTITION BY key ORDER BY rank"
+    desc = "PARTITION BY _fid, key ORDER BY lo DESC NULLS LAST"
+    by_rank = "PARTITION BY _fid, key ORDER BY rank"
     # The i-th distinct offset above a row's: the offset of rank - i (ranks are small numbers,
     # so the frame's bounds cannot overflow as offsets near the ends of 64 bits would).
     nexts = ", ".join(f"min(lo) OVER ({by_rank} RANGE BETWEEN {i} PRECEDING AND {i} PRECEDING)"
                       for i in range(1, SKIPPED_SHOWN + 1))
-    by_value = "OVER (PARTITION BY key, value)"
+    by_value = "OVER (PARTITION BY _fid, key, value)"
     facts = (
         events.selectExpr("*", f"CASE WHEN {_LOG} THEN offset END AS lo")
         .selectExpr(
@@ -340,11 +345,11 @@ def _facts(history: History) -> DataFrame:
                     # The chain's consumer found the end past records it never returns (markers).
                     f"max(CASE WHEN final THEN offset WHEN kind = 'p' AND process = start.process AND op > start.op "
                     f"THEN offset - 1 END) OVER ({by_rank} {whole}) AS read_max",
-                    "collect_set(CASE WHEN final THEN value END) OVER (PARTITION BY key, rank) AS fvalues",
-                    "min(CASE WHEN final THEN struct(op, value) END) OVER (PARTITION BY key, rank) AS ffirst",
+                    "collect_set(CASE WHEN final THEN value END) OVER (PARTITION BY _fid, key, rank) AS fvalues",
+                    "min(CASE WHEN final THEN struct(op, value) END) OVER (PARTITION BY _fid, key, rank) AS ffirst",
                     # Only an offset holding two values can be inconsistent or reused.
-                    "min(CASE WHEN lo IS NOT NULL THEN value END) OVER (PARTITION BY key, rank) AS omin",
-                    "max(CASE WHEN lo IS NOT NULL THEN value END) OVER (PARTITION BY key, rank) AS omax")
+                    "min(CASE WHEN lo IS NOT NULL THEN value END) OVER (PARTITION BY _fid, key, rank) AS omin",
+                    "max(CASE WHEN lo IS NOT NULL THEN value END) OVER (PARTITION BY _fid, key, rank) AS omax")
         .selectExpr("*", f"start IS NOT NULL AND {_READ_TO} >= coalesce(final_end, {_KNOWN_END}) "
                          f"AND {_READ_TO} >= {_LATE_END} AS complete")
         .selectExpr(
@@ -380,7 +385,7 @@ def _facts(history: History) -> DataFrame:
 def _witness(kind: str, df: DataFrame, fields: str, s1: str, s3: str, weight: str = "1") -> DataFrame:
     """Pack a type's rows as (type, sort keys, weight, JSON text) so all types share one table."""
     return df.selectExpr(
-        f"'{kind}' AS type", f"CAST({s1} AS LONG) AS s1", "CAST(key AS STRING) AS s2", f"CAST({s3} AS LONG) AS s3",
+        "_fid", f"'{kind}' AS type", f"CAST({s1} AS LONG) AS s1", "CAST(key AS STRING) AS s2", f"CAST({s3} AS LONG) AS s3",
         f"CAST({weight} AS LONG) AS weight",
         f"to_json(named_struct({fields}), map('ignoreNullFields', 'false')) AS json",
     )
@@ -395,7 +400,7 @@ def _witnesses(df: DataFrame, cases: list[tuple[str, str, str, str, str]]) -> Da
         return "CASE " + " ".join(f"WHEN {c} THEN {v}" for c, v in zip(conds, values)) + " END"
 
     return df.filter(" OR ".join(conds)).selectExpr(
-        f"{case([repr(c[0]) for c in cases])} AS type", f"CAST({case([c[3] for c in cases])} AS LONG) AS s1",
+        "_fid", f"{case([repr(c[0]) for c in cases])} AS type", f"CAST({case([c[3] for c in cases])} AS LONG) AS s1",
         "CAST(key AS STRING) AS s2", f"CAST({case([c[4] for c in cases])} AS LONG) AS s3", "CAST(1 AS LONG) AS weight",
         case([f"to_json(named_struct({c[2]}), map('ignoreNullFields', 'false'))" for c in cases]) + " AS json",
     )
@@ -404,7 +409,7 @@ def _witnesses(df: DataFrame, cases: list[tuple[str, str, str, str, str]]) -> Da
 def _aborted_read(facts: DataFrame) -> DataFrame:
     """G1a: values a poll of any outcome returned whose every send failed."""
     rows = (facts.filter("kind = 'r' AND was_sent AND NOT sent_not_failed")
-            .groupBy("key", "value")
+            .groupBy("_fid", "key", "value")
             .agg(F.min_by("offset", F.struct("op", "pos")).alias("offset"), F.min("op").alias("read_op"),
                  F.size(F.collect_set("op")).alias("reads"), F.first("send_op").alias("send_op")))
     return _witness("G1a", rows,
@@ -417,7 +422,7 @@ def _precommitted_read(facts: DataFrame) -> DataFrame:
     """An operation of any outcome whose poll returned a value that the same operation sent."""
     # Only an operation that both sends and polls can; the filter spares the window a sort of every event.
     rows = (facts.filter("mixed AND kind IN ('r', 's')")
-            .selectExpr("*", "max(kind = 's') OVER (PARTITION BY key, value, op) AS own")
+            .selectExpr("*", "max(kind = 's') OVER (PARTITION BY _fid, key, value, op) AS own")
             .filter("kind = 'r' AND own"))
     return _witness("precommitted-read", rows,
                     "'process', CAST(process AS LONG), 'key', key, 'op', op, 'value', value, 'offset', offset, "
@@ -433,22 +438,22 @@ def _duplicate_and_inconsistent(facts: DataFrame) -> list[DataFrame]:
         # One row per fact "offset o of key k held value v", with the first op showing it, the first
         # poll that returned it and the first acknowledged send of it there; only of values at two
         # offsets, or of offsets holding two values (few: none in a correct history).
-        return (facts.filter(f"{_LOG} AND {where}").groupBy("key", "offset", "value")
+        return (facts.filter(f"{_LOG} AND {where}").groupBy("_fid", "key", "offset", "value")
                 .agg(F.min("op").alias("op"), F.min(F.when(F.col("kind") == "r", F.col("op"))).alias("read_op"),
                      F.min(F.when(F.col("kind") == "s", F.col("op"))).alias("send_op")))
 
-    dup = (held("vmin != vmax").groupBy("key", "value")
+    dup = (held("vmin != vmax").groupBy("_fid", "key", "value")
            .agg(F.count(F.lit(1)).alias("n"), F.array_sort(F.collect_list(F.struct("offset", "op"))).alias("e"))
            .filter("n >= 2"))
     # Which operations sent a duplicated value (a producer session each, as a process is one), of any outcome.
-    senders = (facts.filter("kind = 's'").groupBy("key", "value")
+    senders = (facts.filter("kind = 's'").groupBy("_fid", "key", "value")
                .agg(F.array_sort(F.collect_set(F.expr("struct(op, CAST(process AS LONG) AS process, type)")))
                     .alias("sends")))
-    dup = (dup.join(senders, ["key", "value"], "left").withColumn("sends", F.expr("coalesce(sends, array())"))
+    dup = (dup.join(senders, ["_fid", "key", "value"], "left").withColumn("sends", F.expr("coalesce(sends, array())"))
            .withColumn("resent", F.expr("n <= size(array_distinct(sends.process))")))
     # What else the offset holds, each value named by the first poll that returned it, or else by
     # its first acknowledgement; the earliest of those other than an acknowledged value itself.
-    at_offset = "OVER (PARTITION BY key, offset)"
+    at_offset = "OVER (PARTITION BY _fid, key, offset)"
     offsets = (held("omin != omax").selectExpr(
         "*", f"array_sort(collect_list(struct(coalesce(read_op, send_op) AS op, value)) {at_offset}) AS there",
         f"array_sort(collect_list(CASE WHEN read_op IS NOT NULL THEN struct(value, read_op AS op) END) {at_offset}) "
@@ -473,7 +478,7 @@ def _duplicate_and_inconsistent(facts: DataFrame) -> list[DataFrame]:
 
 def _unexpected(facts: DataFrame) -> DataFrame:
     rows = (facts.filter("kind = 'r' AND NOT was_sent")
-            .groupBy("key", "value")
+            .groupBy("_fid", "key", "value")
             .agg(F.min_by("offset", F.struct("op", "pos")).alias("offset"),
                  F.array_sort(F.collect_set("offset")).alias("offsets"),
                  F.array_sort(F.collect_set("op")).alias("all_ops")))
@@ -486,45 +491,51 @@ def _unexpected(facts: DataFrame) -> DataFrame:
 
 def _consumption(facts: DataFrame) -> list[DataFrame]:
     """duplicate-consumption and lost-consumption (see the module docstring)."""
-    twice = (facts.filter("kind = 'q' AND type = 'ok'").groupBy("key", "offset")
+    twice = (facts.filter("kind = 'q' AND type = 'ok'").groupBy("_fid", "key", "offset")
              .agg(F.sort_array(F.collect_set(F.struct("op", "process", "value"))).alias("by"))
              .filter("size(by) > 1"))
     dup = _witness("duplicate-consumption", twice,
                    "'key', key, 'offset', offset, 'value', by[0].value, "
                    "'processes', transform(by, b -> CAST(b.process AS LONG)), 'ops', transform(by, b -> b.op)",
                    "by[0].op", "offset")
-    committed = (facts.filter("kind = 'c'").groupBy("key")
+    committed = (facts.filter("kind = 'c'").groupBy("_fid", "key")
                  .agg(F.max(F.struct("offset", F.expr("-op").alias("neg"))).alias("c"))
-                 .selectExpr("key", "c.offset AS upto", "-c.neg AS committed_op"))
-    maybe = facts.filter("kind = 'q'").select("key", "offset").distinct()
-    lost = (facts.filter("lo IS NOT NULL").selectExpr("key", "lo AS offset", "value").distinct()
-            .join(committed, "key").filter("offset < upto")
-            .join(maybe, ["key", "offset"], "left_anti"))
+                 .selectExpr("_fid", "key", "c.offset AS upto", "-c.neg AS committed_op"))
+    maybe = facts.filter("kind = 'q'").select("_fid", "key", "offset").distinct()
+    lost = (facts.filter("lo IS NOT NULL").selectExpr("_fid", "key", "lo AS offset", "value").distinct()
+            .join(committed, ["_fid", "key"]).filter("offset < upto")
+            .join(maybe, ["_fid", "key", "offset"], "left_anti"))
     return [dup, _witness("lost-consumption", lost,
                           "'key', key, 'offset', offset, 'value', value, 'committed', upto, "
                           "'committed_op', committed_op, 'ops', array(committed_op)", "committed_op", "offset")]
 
 
-def _ownership(spark: SparkSession, history: History) -> list[DataFrame]:
+def _ownership(spark: SparkSession, history: Histories) -> list[DataFrame]:
     """ownership-overlap (history_analysis/ownership.py): the operations with a rebalance log, and
     the last operation of each of their processes, are few (one per rebalance a consumer went
     through): gathered, swept in the driver, and the witnesses made a small table (none when
     there are none)."""
     ops = history.operations.filter("process != 'nemesis'")
     logged = ops.filter("completed AND exists(rebalance_log, e -> e.type IS NOT NULL)").select(
-        "op", "invoke", "process", "rebalance_log").collect()
-    calls = [Call(r["op"], r["invoke"], int(r["process"]),
-                  typed_entries([e.asDict() for e in r["rebalance_log"]])) for r in logged]
-    ends: dict = {}
+        "_fid", "op", "invoke", "process", "rebalance_log").collect()
+    calls: dict[int, list[Call]] = {}
+    for r in logged:
+        calls.setdefault(r["_fid"], []).append(
+            Call(r["op"], r["invoke"], int(r["process"]), typed_entries([e.asDict() for e in r["rebalance_log"]])))
+    ends: dict[int, dict] = {fid: {} for fid in calls}
     if calls:
-        holders = sorted({str(c.process) for c in calls})
-        for r in (ops.filter(F.col("process").isin(*holders)).groupBy("process")
+        holders = reduce(lambda x, y: x | y, [
+            (F.col("_fid") == fid) & F.col("process").isin(*sorted({str(c.process) for c in cs}))
+            for fid, cs in calls.items()])
+        for r in (ops.filter(holders).groupBy("_fid", "process")
                   .agg(F.max(F.struct("op", "invoke", "type")).alias("last")).collect()):
-            ends[int(r["process"])] = End(r["last"]["op"], r["last"]["invoke"], r["last"]["type"] == "info")
-    rows = [(OWNERSHIP, s1, key, s3, 1, witness_json(w)) for s1, key, s3, w in overlaps(calls, ends)]
+            ends[r["_fid"]][int(r["process"])] = End(r["last"]["op"], r["last"]["invoke"], r["last"]["type"] == "info")
+    rows = [(fid, OWNERSHIP, s1, key, s3, 1, witness_json(w))
+            for fid in sorted(calls) for s1, key, s3, w in overlaps(sorted(calls[fid], key=lambda c: c.op), ends[fid])]
     if not rows:
         return []
-    return [spark.createDataFrame(rows, "type STRING, s1 LONG, s2 STRING, s3 LONG, weight LONG, json STRING")]
+    return [spark.createDataFrame(
+        rows, "_fid LONG, type STRING, s1 LONG, s2 STRING, s3 LONG, weight LONG, json STRING")]
 
 
 def _final_summaries(facts: DataFrame) -> DataFrame:
@@ -532,16 +543,16 @@ def _final_summaries(facts: DataFrame) -> DataFrame:
     record: what the final reads showed (`Analysis.final_reads`), and whether an ok poll read the
     key (for the note on keys uncommitted-read cannot judge)."""
     # Numbers and booleans only (a hash aggregate); the values are the key's, on every row.
-    per_key = (facts.groupBy("key")
+    per_key = (facts.groupBy("_fid", "key")
                .agg(F.max("start.op").alias("assign"), F.max("final_end").alias("final_end"),
                     F.max("read_max").alias("read_max"), F.max("known").alias("known"), F.max("late").alias("late"),
                     F.max("complete").alias("complete"), F.max(F.expr("kind = 'r' AND type = 'ok'")).alias("ok_read")))
     # The latest completed final-reads operation naming the key; in one record, the last entry.
-    records = facts.filter("kind = 'f'").groupBy("key").agg(F.max(F.expr("struct(op, pos, value)")).alias("record"))
-    rows = (per_key.join(records, "key", "left")
+    records = facts.filter("kind = 'f'").groupBy("_fid", "key").agg(F.max(F.expr("struct(op, pos, value)")).alias("record"))
+    rows = (per_key.join(records, ["_fid", "key"], "left")
             .filter("assign IS NOT NULL OR known IS NOT NULL OR record IS NOT NULL"))
     return rows.selectExpr(
-        f"'{_FINAL}' AS type", "CAST(0 AS LONG) AS s1", "key AS s2", "CAST(0 AS LONG) AS s3",
+        "_fid", f"'{_FINAL}' AS type", "CAST(0 AS LONG) AS s1", "key AS s2", "CAST(0 AS LONG) AS s3",
         "CAST(1 AS LONG) AS weight",
         f"to_json(named_struct('key', key, 'assign', assign, 'end', final_end, 'read_to', {_READ_TO}, "
         f"'known_end', {_KNOWN_END}, 'late_end', {_LATE_END}, 'complete', complete, "
@@ -569,8 +580,8 @@ def _lost_write(facts: DataFrame) -> DataFrame:
 def _unseen(facts: DataFrame) -> DataFrame:
     """Acknowledged sends, and ok sends whose offset the client could not learn, that no ok poll returned."""
     rows = (facts.filter("kind = 's' AND (acked OR type = 'ok') AND NOT was_read_ok")
-            .selectExpr("*", "row_number() OVER (PARTITION BY key ORDER BY op, pos) AS rn")
-            .groupBy("key")
+            .selectExpr("*", "row_number() OVER (PARTITION BY _fid, key ORDER BY op, pos) AS rn")
+            .groupBy("_fid", "key")
             .agg(F.count(F.lit(1)).alias("n"),
                  F.array_sort(F.collect_list(F.expr(
                      f"CASE WHEN rn <= {UNSEEN_VALUES} THEN struct(op, pos, value, offset) END"))).alias("e")))
@@ -578,12 +589,12 @@ def _unseen(facts: DataFrame) -> DataFrame:
                     "e[0].op", "0", weight="n")
 
 
-def _chain_epochs(history: History) -> DataFrame:
+def _chain_epochs(history: Histories) -> DataFrame:
     """Per process, its ok assign and subscribe operations (op, keys, rewinds: an assign with
     seek_to_beginning): columns process, assigns. A process has few; the table is broadcast."""
     return (history.operations
             .filter("process != 'nemesis' AND type = 'ok' AND f IN ('assign', 'subscribe')")
-            .groupBy("process")
+            .groupBy("_fid", "process")
             .agg(F.collect_list(F.expr("struct(op, coalesce(keys, array()) AS keys, "
                                        "coalesce(f = 'assign' AND seek_to_beginning, false) AS rewinds)"))
                  .alias("assigns")))
@@ -596,7 +607,7 @@ def _skip(a: str, count: str, nexts: str) -> tuple[str, str]:
             f"'skipped', filter({nexts}, x -> x IS NOT NULL AND x < b), 'skipped_count', {count}, ")
 
 
-def _orders(facts: DataFrame, history: History) -> DataFrame:
+def _orders(facts: DataFrame, history: Histories) -> DataFrame:
     """Every order question, from one sort of each process's records and sends of a key, by
     operation and then as returned or sent: between consecutive records of one operation
     (int-poll-skip, int-nonmonotonic-poll; unless a rebalance during the operation named the key),
@@ -607,9 +618,9 @@ def _orders(facts: DataFrame, history: History) -> DataFrame:
     earlier one's last value against the later one's first)."""
     # A chain's epoch: the ok assigns/subscribes of the process before the poll that dropped the
     # key or rewound it. Polls of any outcome: whatever records a poll returned moved the consumer.
-    order = "PARTITION BY process, key, kind ORDER BY op, pos"
+    order = "PARTITION BY _fid, process, key, kind ORDER BY op, pos"
     rows = (facts.filter("kind IN ('r', 's')")
-            .join(F.broadcast(_chain_epochs(history)), "process", "left")
+            .join(F.broadcast(_chain_epochs(history)), ["_fid", "process"], "left")
             .selectExpr("*", "CASE WHEN kind = 'r' THEN size(filter(coalesce(assigns, array()), x -> x.op < op "
                              "AND (NOT array_contains(x.keys, key) OR x.rewinds))) END AS epoch",
                         "CASE WHEN kind = 'r' THEN struct(offset, rank, nexts, false AS shared) ELSE at END AS here")
@@ -620,7 +631,7 @@ def _orders(facts: DataFrame, history: History) -> DataFrame:
                         # consumer (a rolled-back transaction is judged, but moves nothing).
                         "last(CASE WHEN kind = 'r' AND NOT rolled_back THEN struct(op, epoch, here) END, true) "
                         f"OVER ({order} ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS chain")
-            .selectExpr("kind", "process", "key", "op", "type", "moved", "epoch", "prev.op AS prev_op",
+            .selectExpr("_fid", "kind", "process", "key", "op", "type", "moved", "epoch", "prev.op AS prev_op",
                         "coalesce(prev.op = op, false) AS inside", "sent",
                         "prev.here.offset AS a", "here.offset AS b", "prev.value AS va", "value AS vb",
                         "prev.here.rank - here.rank - 1 AS skipped_count", "prev.here.nexts AS nexts",
@@ -663,7 +674,7 @@ def _uncommitted_read(facts: DataFrame) -> DataFrame:
             .filter("read_to > 0 AND ((size(fvalues) > 0 AND NOT array_contains(fvalues, value)) "
                     "OR (size(fvalues) = 0 AND (read_to > offset "
                     "OR (final_end IS NOT NULL AND complete AND offset >= final_end))))")
-            .groupBy("key", "offset", "value")
+            .groupBy("_fid", "key", "offset", "value")
             .agg(F.min("op").alias("op"), *[F.first(c).alias(c) for c in (
                 "ffirst", "start", "final_end", "read_to")]))
     return _witness(
@@ -674,22 +685,22 @@ def _uncommitted_read(facts: DataFrame) -> DataFrame:
         "least(op, coalesce(ffirst.op, start.op))", "offset")
 
 
-def _operation_stats(history: History) -> list[DataFrame]:
+def _operation_stats(history: Histories) -> list[DataFrame]:
     """Internal rows for the stats: per f, how many client operations were invoked, how many
     completed ok, and how many both send and poll (ordered as first completed, then those the
     history never completed, by index); and every `heal` of the nemesis that completed with an
     error (by completion)."""
-    by_f = (history.operations.filter("process != 'nemesis'").groupBy("f")
+    by_f = (history.operations.filter("process != 'nemesis'").groupBy("_fid", "f")
             .agg(F.count(F.lit(1)).alias("invoked"), F.count_if(F.expr("type = 'ok'")).alias("ok"),
                  F.count_if(F.expr("coalesce(exists(mops, m -> m.f = 'send') "
                                    "AND exists(mops, m -> m.f = 'poll'), false)")).alias("mixed"),
                  F.min(F.expr("struct(NOT completed AS late, op)")).alias("first")))
     heals = history.operations.filter("process = 'nemesis' AND f = 'heal' AND completed AND error IS NOT NULL")
     return [
-        by_f.selectExpr(f"'{_BY_F}' AS type", "CAST(first.late AS LONG) AS s1", "'' AS s2", "first.op AS s3",
+        by_f.selectExpr("_fid", f"'{_BY_F}' AS type", "CAST(first.late AS LONG) AS s1", "'' AS s2", "first.op AS s3",
                         "CAST(1 AS LONG) AS weight",
                         "to_json(named_struct('f', f, 'invoked', invoked, 'ok', ok, 'mixed', mixed)) AS json"),
-        heals.selectExpr(f"'{_HEAL}' AS type", "op AS s1", "'' AS s2", "CAST(0 AS LONG) AS s3",
+        heals.selectExpr("_fid", f"'{_HEAL}' AS type", "op AS s1", "'' AS s2", "CAST(0 AS LONG) AS s3",
                          "CAST(1 AS LONG) AS weight", "to_json(named_struct('op', invoke, 'error', error)) AS json"),
     ]
 
@@ -711,43 +722,60 @@ def _dependencies(facts: DataFrame) -> tuple[DataFrame, DataFrame]:
     # Packed with collect_list of distinct rows: collect_set does not always tell equal structs
     # apart from their representations (it kept an edge twice in a test).
     def packed(edges: DataFrame, kind: str) -> DataFrame:
-        return (edges.groupBy("key", F.expr(f"pmod(hash(src, dst), {_CHUNKS})").alias("chunk"))
+        return (edges.groupBy("_fid", "key", F.expr(f"pmod(hash(src, dst), {_CHUNKS})").alias("chunk"))
                 .agg(F.array_sort(F.collect_list(F.struct("src", "dst"))).alias("e"))
-                .selectExpr("key", f"'{kind}' AS kind", "e.src AS src", "e.dst AS dst"))
+                .selectExpr("_fid", "key", f"'{kind}' AS kind", "e.src AS src", "e.dst AS dst"))
 
     # A writer of key k: an operation of any outcome with a send whose position is known (and, if
     # unacknowledged, of a value no other operation sent); its position in k is the lowest of its
     # sends', and none when that offset holds another value too; each to the next (by position,
     # then operation).
     writers = (facts.filter("kind = 's' AND at IS NOT NULL AND (acked OR send_op = last_send_op)")
-               .groupBy("key", "op")
+               .groupBy("_fid", "key", "op")
                .agg(F.expr("min(struct(at.offset, at.shared))").alias("first"))
-               .filter("NOT first.shared").selectExpr("key", "op", "first.offset AS at"))
-    ww = (writers.selectExpr("key", "op AS src", "lead(op) OVER (PARTITION BY key ORDER BY at, op) AS dst")
+               .filter("NOT first.shared").selectExpr("_fid", "key", "op", "first.offset AS at"))
+    ww = (writers.selectExpr("_fid", "key", "op AS src", "lead(op) OVER (PARTITION BY _fid, key ORDER BY at, op) AS dst")
           .filter("dst IS NOT NULL"))
     # To every operation whose poll (any outcome) returned (k, v) at offset o, from its writer: the
     # sends of (k, v) acknowledged at o, or else the one operation that sent it; a value sent by
     # two operations, neither acknowledged at o, has no known writer there. An edge found twice
     # (an operation read two values of one writer) is one.
     wr = (facts.filter("kind = 'r'")
-          .selectExpr("key", "op AS dst", "filter(senders, s -> s.at = offset).op AS there", "senders.op AS all")
-          .selectExpr("key", "dst", "explode(CASE WHEN size(there) > 0 THEN there WHEN size(all) = 1 THEN all "
+          .selectExpr("_fid", "key", "op AS dst", "filter(senders, s -> s.at = offset).op AS there", "senders.op AS all")
+          .selectExpr("_fid", "key", "dst", "explode(CASE WHEN size(there) > 0 THEN there WHEN size(all) = 1 THEN all "
                                     "ELSE array() END) AS src")
-          .filter("src != dst").select("key", "src", "dst").distinct())
+          .filter("src != dst").select("_fid", "key", "src", "dst").distinct())
     hubs = (facts.filter("kind = 'r' OR (kind = 's' AND at IS NOT NULL)")
-            .select("op", "invoke", "process", "type").distinct()
-            .groupBy(F.expr(f"pmod(op, {_CHUNKS})").alias("chunk"))
+            .select("_fid", "op", "invoke", "process", "type").distinct()
+            .groupBy("_fid", F.expr(f"pmod(op, {_CHUNKS})").alias("chunk"))
             .agg(F.array_sort(F.collect_list(F.struct("op", "invoke", "process", "type"))).alias("h"))
-            .selectExpr("h.op AS op", "h.invoke AS invoke", "h.process AS process", "h.type AS type"))
+            .selectExpr("_fid", "h.op AS op", "h.invoke AS invoke", "h.process AS process", "h.type AS type"))
     return packed(ww, "ww").unionByName(packed(wr, "wr")), hubs
 
 
 def analyse(spark: SparkSession, path: str | os.PathLike, limit: int = 32, full_dir: str | os.PathLike | None = None
             ) -> Analysis:
-    """Find the anomalies of the history at `path`; see the module docstring."""
+    """Find the anomalies of the history at `path`; see the module docstring. Raises HistoryError
+    for a history that cannot be read."""
+    found = analyse_many(spark, [path], limit, [full_dir])[0]
+    if isinstance(found, HistoryError):
+        raise found
+    return found
+
+
+def analyse_many(spark: SparkSession, paths: list[str | os.PathLike], limit: int = 32,
+                 full_dirs: list[str | os.PathLike | None] | None = None) -> list[Analysis | HistoryError]:
+    """`analyse` of several histories in one plan: per path (in order), its Analysis, or the
+    HistoryError that refused it. Every question is asked of all of them at once, each history
+    apart from the others (its number is part of every key, process and operation), so the
+    result of each is the one `analyse` gives it alone; what is paid per query (planning, a job,
+    a task) is paid once for all. Several paths must be distinct local files."""
+    paths = [str(p) for p in paths]
+    dirs = list(full_dirs) if full_dirs is not None else [None] * len(paths)
     try:
-        with sized_for(spark, file_size(str(path))):
-            return _analyse(spark, str(path), limit, full_dir)
+        sizes = [file_size(p) for p in paths]
+        with sized_for(spark, None if None in sizes else sum(s or 0 for s in sizes)):
+            return _analyse(spark, paths, limit, dirs)
     finally:
         # The analysis's DataFrames sit in reference cycles, each holding its query plans in the JVM
         # until Python's cycle collector frees the proxy; left to run when it will, they filled a
@@ -756,7 +784,7 @@ def analyse(spark: SparkSession, path: str | os.PathLike, limit: int = 32, full_
         gc.collect()
 
 
-def _all_witnesses(spark: SparkSession, history: History, facts: DataFrame) -> DataFrame:
+def _all_witnesses(spark: SparkSession, history: Histories, facts: DataFrame) -> DataFrame:
     """Every witness of every type, and the internal summaries (_INTERNAL), as one table."""
     parts = [_lost_write(facts), _unseen(facts), *_duplicate_and_inconsistent(facts), _unexpected(facts),
              _orders(facts, history), _uncommitted_read(facts),
@@ -766,66 +794,47 @@ def _all_witnesses(spark: SparkSession, history: History, facts: DataFrame) -> D
     return reduce(DataFrame.union, parts)
 
 
-def _analyse(spark: SparkSession, path: str, limit: int, full_dir: str | os.PathLike | None) -> Analysis:
-    history = load_history(spark, path)
+def _analyse(spark: SparkSession, paths: list[str], limit: int,
+             full_dirs: list[str | os.PathLike | None]) -> list[Analysis | HistoryError]:
+    history = load_histories(spark, paths)
+    out: list[Analysis | HistoryError] = list(history.problems)
+    accepted = [fid for fid, problem in enumerate(history.problems) if problem is None]
+    if not accepted:
+        history.unpersist()
+        return out
     witnesses = facts = None
     try:
         facts = _facts(history)
         witnesses = _all_witnesses(spark, history, facts).persist(StorageLevel.MEMORY_AND_DISK)
-        # Counts and the first `limit` witnesses of each type in one job.
-        by_type = Window.partitionBy("type")
+        # Counts and the first `limit` witnesses of each type of each history in one job.
+        by_type = Window.partitionBy("_fid", "type")
         ordered = by_type.orderBy("s1", "s2", "s3", "json")
         keep = max(limit, 1)
         rows = (witnesses
-                .select("type", "json", F.row_number().over(ordered).alias("rn"),
+                .select("_fid", "type", "json", F.row_number().over(ordered).alias("rn"),
                         F.count(F.lit(1)).over(by_type).alias("rows"),
                         F.sum("weight").over(by_type).alias("total"))
                 .filter(f"rn <= {keep} OR type IN ({', '.join(repr(t) for t in _INTERNAL)})")
                 .collect())
-        counts: dict[str, int] = {}
-        row_counts: dict[str, int] = {}
-        texts: dict[str, list[str]] = {}
-        for r in sorted(rows, key=lambda r: (r["type"], r["rn"])):
-            counts[r["type"]] = int(r["total"])
-            row_counts[r["type"]] = int(r["rows"])
-            texts.setdefault(r["type"], []).append(r["json"])
-
-        internal = {t: [json.loads(j) for j in texts.pop(t, [])] for t in _INTERNAL}
-        for t in _INTERNAL:
-            counts.pop(t, None)
-            row_counts.pop(t, None)
-        finals = sorted(internal[_FINAL], key=lambda r: r["key"])
-        stats: dict = dict(history.stats)
-        stats["mixed"] = sum(r["mixed"] for r in internal[_BY_F])
-        if internal[_BY_F]:
-            stats["by_f"] = {r["f"]: {"invoked": r["invoked"], "ok": r["ok"]} for r in internal[_BY_F]}
-        if internal[_HEAL]:
-            stats["heal_errors"] = internal[_HEAL]
-        notes = list(history.notes)
-        # Keys an ok poll read that no final chain read: uncommitted-read cannot judge them.
-        unjudged = [r["key"] for r in finals if r["ok_read"] and (r["assign"] is None or r["read_to"] == 0)]
-        if unjudged:
-            notes.append(unjudged_note(unjudged, len(unjudged)))
-        if full_dir is not None:
-            _write_full(witnesses, Path(full_dir), row_counts, texts, limit)
+        found: dict[int, dict[str, tuple[int, int, list[str]]]] = {fid: {} for fid in accepted}
+        for r in sorted(rows, key=lambda r: (r["_fid"], r["type"], r["rn"])):
+            total, count, texts = found[r["_fid"]].setdefault(r["type"], (int(r["total"]), int(r["rows"]), []))
+            texts.append(r["json"])
         edges, hubs = _dependencies(facts)
-        # Each packed row is sorted: the sorts below merge runs.
-        dependencies = [e for r in edges.collect()
-                        for e in zip(r["src"], r["dst"], repeat(r["kind"]), repeat(r["key"]))]
-        dependencies.sort()
-        hub_rows = [h for r in hubs.collect() for h in zip(r["op"], r["invoke"], map(str, r["process"]), r["type"])]
-        hub_rows.sort()
-        return Analysis(
-            counts={t: counts[t] for t in TYPES if t in counts},
-            examples={t: [json.loads(j) for j in texts[t][:limit]] for t in TYPES if t in texts and limit > 0},
-            stats=stats,
-            notes=notes,
-            dependencies=dependencies,
-            hubs=hub_rows,
-            final_reads=[{k: r[k] for k in ("key", "assign", "end", "read_to", "known_end", "late_end", "complete",
-                                            "outcome")}
-                         for r in finals],
-        )
+        dependencies: dict[int, list] = {fid: [] for fid in accepted}
+        for r in edges.collect():
+            dependencies[r["_fid"]].extend(zip(r["src"], r["dst"], repeat(r["kind"]), repeat(r["key"])))
+        hub_rows: dict[int, list] = {fid: [] for fid in accepted}
+        for r in hubs.collect():
+            hub_rows[r["_fid"]].extend(zip(r["op"], r["invoke"], map(str, r["process"]), r["type"]))
+        for fid in accepted:
+            # Each packed row is sorted: the sorts merge runs.
+            dependencies[fid].sort()
+            hub_rows[fid].sort()
+            out[fid] = _analysis(history, fid, found[fid], dependencies[fid], hub_rows[fid], limit)
+            if full_dirs[fid] is not None:
+                _write_full(witnesses, fid, Path(full_dirs[fid]), found[fid], limit)
+        return out
     finally:
         if witnesses is not None:
             witnesses.unpersist()
@@ -834,21 +843,52 @@ def _analyse(spark: SparkSession, path: str, limit: int, full_dir: str | os.Path
         history.unpersist()
 
 
-def _write_full(witnesses: DataFrame, directory: Path, row_counts: dict[str, int],
-                texts: dict[str, list[str]], limit: int) -> None:
-    """Every witness of every type to directory/<type>.jsonl, written aside and renamed into place."""
+def _analysis(history: Histories, fid: int, found: dict[str, tuple[int, int, list[str]]], dependencies: list,
+              hubs: list, limit: int) -> Analysis:
+    """One history's Analysis from its rows of the witness table: per type (total, rows, the first
+    texts)."""
+    internal = {t: [json.loads(j) for j in found[t][2]] if t in found else [] for t in _INTERNAL}
+    finals = sorted(internal[_FINAL], key=lambda r: r["key"])
+    stats: dict = dict(history.stats[fid])
+    stats["mixed"] = sum(r["mixed"] for r in internal[_BY_F])
+    if internal[_BY_F]:
+        stats["by_f"] = {r["f"]: {"invoked": r["invoked"], "ok": r["ok"]} for r in internal[_BY_F]}
+    if internal[_HEAL]:
+        stats["heal_errors"] = internal[_HEAL]
+    notes = list(history.notes[fid])
+    # Keys an ok poll read that no final chain read: uncommitted-read cannot judge them.
+    unjudged = [r["key"] for r in finals if r["ok_read"] and (r["assign"] is None or r["read_to"] == 0)]
+    if unjudged:
+        notes.append(unjudged_note(unjudged, len(unjudged)))
+    return Analysis(
+        counts={t: found[t][0] for t in TYPES if t in found},
+        examples={t: [json.loads(j) for j in found[t][2][:limit]] for t in TYPES if t in found and limit > 0},
+        stats=stats,
+        notes=notes,
+        dependencies=dependencies,
+        hubs=hubs,
+        final_reads=[{k: r[k] for k in ("key", "assign", "end", "read_to", "known_end", "late_end", "complete",
+                                        "outcome")}
+                     for r in finals],
+    )
+
+
+def _write_full(witnesses: DataFrame, fid: int, directory: Path, found: dict[str, tuple[int, int, list[str]]],
+                limit: int) -> None:
+    """Every witness of every type of history `fid` to directory/<type>.jsonl, written aside and
+    renamed into place; `found`: per type (total, rows, the first texts)."""
     directory.mkdir(parents=True, exist_ok=True)
     tmp = {t: directory / f".{t}.jsonl.tmp" for t in TYPES}
     files = {t: open(p, "w") for t, p in tmp.items()}
     try:
-        big = [t for t in TYPES if row_counts.get(t, 0) > max(limit, 1)]
+        big = [t for t in TYPES if t in found and found[t][1] > max(limit, 1)]
         for t in TYPES:
-            if t not in big:
-                for text in texts.get(t, []):
+            if t in found and t not in big:
+                for text in found[t][2]:
                     files[t].write(text + "\n")
         if big:
             # Streamed partition by partition, so a huge table never sits in the driver.
-            rows = (witnesses.filter(F.col("type").isin(*big))
+            rows = (witnesses.filter((F.col("_fid") == fid) & F.col("type").isin(*big))
                     .orderBy("type", "s1", "s2", "s3", "json").select("type", "json"))
             for r in rows.toLocalIterator():
                 files[r["type"]].write(r["json"] + "\n")

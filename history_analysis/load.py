@@ -2,6 +2,9 @@
 
 In: a SparkSession and the path of one history file (JSON Lines, see
 docs/history-format.md), read with an explicit schema (no inference).
+`load_histories`: several local files, loaded in one pass (a `Histories`:
+the same DataFrames, every row with `_fid`, its file's place in the list,
+and per file its problem, notes, lines and stats).
 `validate_histories`: several local files, only validated, in one pass.
 
 Out: a `History` with
@@ -171,21 +174,63 @@ def _sql_map(d: dict[int, int | None]) -> str:
 
 
 # `_blk`: a history's number * FILE_SHIFT + the start of the split in its file, so one query
-# checks several histories at once (validate_histories) as it checks one.
+# checks several histories at once (load_histories, validate_histories) as it checks one.
 FILE_SHIFT = 1 << 40
 
 
 def load_history(spark: SparkSession, path: str | os.PathLike) -> History:
     """Read and validate a history file; see the module docstring."""
     path = str(path)
-    with sized_for(spark, file_size(path)):
-        spark_path = _spark_path(path)
-        with _spark_failures(spark, path):
-            parsed = _parse(spark, [spark_path], single=True)
+    loaded = load_histories(spark, [path])
+    if loaded.problems[0] is not None:
+        loaded.unpersist()
+        raise loaded.problems[0]
+    return History(path=path, ops=loaded.ops.drop("_fid"), operations=loaded.operations.drop("_fid"),
+                   notes=loaded.notes[0], lines=loaded.lines[0], stats=loaded.stats[0],
+                   _persisted=loaded._persisted, _materialised=loaded._materialised)
+
+
+@dataclass
+class Histories:
+    """Several histories loaded in one pass: `ops` and `operations` as History's, of every accepted
+    history, each row with `_fid`, the history's place in `paths`; per history (lists in the order
+    of `paths`): `problems` (its HistoryError, None when accepted: a refused history has no rows),
+    `notes`, `lines`, `stats`. Call `unpersist()` when done."""
+
+    paths: list[str]
+    ops: DataFrame | None  # None when no history could be read
+    operations: DataFrame | None
+    problems: list[HistoryError | None]
+    notes: list[list[str]]
+    lines: list[int]
+    stats: list[dict[str, int]]
+    _persisted: list[DataFrame] = field(default_factory=list, repr=False)
+    _materialised: list[DataFrame] = field(default_factory=list, repr=False)
+
+    def unpersist(self) -> None:
+        History.unpersist(self)  # type: ignore[arg-type]
+
+
+def load_histories(spark: SparkSession, paths: list[str | os.PathLike]) -> Histories:
+    """Read and validate several history files in one pass, each as load_history would (the same
+    checks and words): one plan answers for all of them. Several paths must be local files; one may
+    be any path Spark reads. A failure of Spark itself raises HistoryError naming the first path."""
+    paths = [str(p) for p in paths]
+    sizes = [file_size(p) for p in paths]
+    with sized_for(spark, None if None in sizes else sum(s or 0 for s in sizes)):
+        problems, readable = _readable(paths)
+        if not readable:
+            return Histories(paths, None, None, problems=problems, notes=[[] for _ in paths],
+                             lines=[0] * len(paths), stats=[{} for _ in paths])
+        with _spark_failures(spark, paths[readable[0][0]]):
+            parsed = _parse(spark, paths, readable, single=len(paths) == 1)
             persisted = [parsed]
             try:
-                states, paired = _check(spark, [path], parsed, persisted)
-                return _history(path, states[0], parsed, paired, persisted)
+                states, paired = _check(spark, paths, parsed, persisted)
+                for i, problem in enumerate(problems):
+                    if problem is not None:
+                        states[i]["problem"] = problem
+                return _histories(paths, states, parsed, paired, persisted)
             except BaseException:
                 for df in persisted:
                     df.unpersist()
@@ -195,25 +240,33 @@ def load_history(spark: SparkSession, path: str | os.PathLike) -> History:
 def validate_histories(spark: SparkSession, paths: list[str | os.PathLike]) -> dict[str, HistoryError | None]:
     """Validate several local history files in one pass, with the same checks and words as
     load_history: for each path, its HistoryError, or None when load_history would accept it."""
-    out: dict[str, HistoryError | None] = {}
-    readable = []
-    for path in map(str, paths):
-        try:
-            readable.append((path, _spark_path(path)))
-        except HistoryError as exc:
-            out[path] = exc
+    paths = [str(p) for p in paths]
+    problems, readable = _readable(paths)
     if readable:
-        with _spark_failures(spark, readable[0][0]):
-            parsed = _parse(spark, [sp for _, sp in readable], single=False, local=[p for p, _ in readable])
+        with _spark_failures(spark, paths[readable[0][0]]):
+            parsed = _parse(spark, paths, readable, single=False)
             persisted = [parsed]
             try:
-                states, _ = _check(spark, [p for p, _ in readable], parsed, persisted)
+                states, _ = _check(spark, paths, parsed, persisted)
             finally:
                 for df in persisted:
                     df.unpersist()
-        for (path, _), state in zip(readable, states):
-            out[path] = state["problem"]
-    return {str(p): out[str(p)] for p in paths}
+        for i, (fid, _) in enumerate(readable):
+            problems[fid] = states[fid]["problem"]
+    return dict(zip(paths, problems))
+
+
+def _readable(paths: list[str]) -> tuple[list[HistoryError | None], list[tuple[int, str]]]:
+    """Per path its HistoryError when it cannot be read (else None), and (place, Spark's path) of
+    each readable one."""
+    problems: list[HistoryError | None] = [None] * len(paths)
+    readable = []
+    for i, path in enumerate(paths):
+        try:
+            readable.append((i, _spark_path(path)))
+        except HistoryError as exc:
+            problems[i] = exc
+    return problems, readable
 
 
 def file_size(path: str) -> int | None:
@@ -257,16 +310,20 @@ def _spark_failures(spark: SparkSession, path: str) -> Iterator[None]:
             raise HistoryError(path, None, f"Spark could not read the file: {spark_failure(exc)}") from None
 
 
-def _parse(spark: SparkSession, spark_paths: list[str], single: bool, local: list[str] | None = None) -> DataFrame:
-    """Every line of the files, parsed (persisted): `_mid`, `_blk`, `_bad`, `_raw` (the bytes of a
-    flagged line), and the line's columns."""
+def _parse(spark: SparkSession, paths: list[str], readable: list[tuple[int, str]], single: bool) -> DataFrame:
+    """Every line of the readable files ((place in `paths`, Spark's path) each), parsed
+    (persisted): `_mid`, `_blk`, `_bad`, `_raw` (the bytes of a flagged line), and the line's
+    columns. `single`: one file, of any file system; else local files, each once."""
+    spark_paths = [sp for _, sp in readable]
     text = spark.read.option("lineSep", "\n").text(spark_paths if len(spark_paths) > 1 else spark_paths[0])
     if single:
         blk = F.col("_metadata.file_block_start")
     else:
-        # Spark names each file by its URI: number them in the order given.
+        # Spark names each file by its URI: number them by their place in `paths`.
         uris = [r[0] for r in text.select("_metadata.file_path").distinct().collect()]
-        order = {str(_local(p).resolve()): i for i, p in enumerate(local or [])}
+        order = {str(_local(paths[i]).resolve()): i for i, _ in readable}
+        if len(order) < len(readable):
+            raise ValueError("the same history file was given twice; give each once")
         fid = {u: order[str(Path(unquote(urlparse(u).path)))] for u in uris}
         items = ", ".join(f"{schema.sql_str(u)}, CAST({i} AS BIGINT)" for u, i in fid.items())
         blk = F.expr(f"element_at(map({items}), _metadata.file_path) * {FILE_SHIFT} + _metadata.file_block_start")
@@ -408,24 +465,30 @@ def _check(spark: SparkSession, paths: list[str], parsed: DataFrame,
     return states, paired
 
 
-def _history(path: str, state: dict[str, Any], parsed: DataFrame, paired: DataFrame,
-             persisted: list[DataFrame]) -> History:
-    if state["problem"] is not None:
-        raise state["problem"]
-    blocks, notes = state["blocks"], state["notes"]
-    total_of = lambda name: sum(b[name] or 0 for b in blocks)  # noqa: E731
-    never = total_of("invokes") - total_of("completions")
-    never_client = total_of("client_invokes") - sum(total_of(t) for t in COMPLETIONS)
-    if never:
-        notes.append(f"{never} invocation(s) never completed; counted as info")
-    stats = {"ops": total_of("client_invokes"), "ok": total_of("ok"), "fail": total_of("fail"),
-             "info": total_of("info") + never_client}
-    max_time = max((b["max_time"] for b in blocks if b["max_time"] is not None), default=None)
+def _histories(paths: list[str], states: list[dict[str, Any]], parsed: DataFrame, paired: DataFrame,
+               persisted: list[DataFrame]) -> Histories:
+    notes, lines, stats, max_time, accepted = [], [], [], {}, []
+    for fid, state in enumerate(states):
+        blocks = state["blocks"]
+        total_of = lambda name: sum(b[name] or 0 for b in blocks)  # noqa: E731
+        never = total_of("invokes") - total_of("completions")
+        never_client = total_of("client_invokes") - sum(total_of(t) for t in COMPLETIONS)
+        if never:
+            state["notes"].append(f"{never} invocation(s) never completed; counted as info")
+        notes.append(state["notes"])
+        stats.append({"ops": total_of("client_invokes"), "ok": total_of("ok"), "fail": total_of("fail"),
+                      "info": total_of("info") + never_client})
+        lines.append(state.get("total", 0) - (1 if state["dropped"] is not None else 0))
+        max_time[fid] = max((b["max_time"] for b in blocks if b["max_time"] is not None), default=None)
+        if state["problem"] is None:
+            accepted.append(fid)
     parsed.unpersist()
     persisted.remove(parsed)
+    if len(accepted) < len(states):
+        paired = paired.filter(F.col("_fid").isin(accepted)) if accepted else paired.limit(0)
 
     completed = paired.filter("type != 'invoke'").selectExpr(
-        "index AS op", "prev_index AS invoke", "true AS completed", "process", "type", "f",
+        "_fid", "index AS op", "prev_index AS invoke", "true AS completed", "process", "type", "f",
         "coalesce(mops, prev_mops) AS mops", "coalesce(keys, prev_keys) AS keys",
         "coalesce(seek_to_beginning, prev_seek) AS seek_to_beginning",
         "coalesce(rebalance_log, prev_rebalance_log) AS rebalance_log",
@@ -438,10 +501,12 @@ def _history(path: str, state: dict[str, Any], parsed: DataFrame, paired: DataFr
         "final_reads",
         "coalesce(final, prev_final) AS final",
     )
+    # An operation the history ends before completing ends, as far as anyone knows, at its
+    # history's last time.
     open_ops = paired.filter("type = 'invoke' AND next_type IS NULL").selectExpr(
-        "index AS op", "index AS invoke", "false AS completed", "process", "'info' AS type", "f",
+        "_fid", "index AS op", "index AS invoke", "false AS completed", "process", "'info' AS type", "f",
         "mops", "keys", "seek_to_beginning", "rebalance_log", "time AS invoke_time",
-        f"CAST({'NULL' if max_time is None else max_time} AS BIGINT) AS time",
+        f"element_at({_sql_map(max_time)}, _fid) AS time",
         "'never completed: the history ends first' AS error", "node", "assignment",
         "CAST(NULL AS MAP<STRING, BIGINT>) AS end_offsets",
         "CAST(NULL AS MAP<STRING, BIGINT>) AS positions",
@@ -452,12 +517,13 @@ def _history(path: str, state: dict[str, Any], parsed: DataFrame, paired: DataFr
     )
     # Every question of the analysis starts from the operations: computed once, behind a short plan.
     operations = materialise(completed.union(open_ops))
-    return History(
-        path=path,
-        ops=paired.select(*LINE_COLUMNS),
+    return Histories(
+        paths=paths,
+        ops=paired.select("_fid", *LINE_COLUMNS),
         operations=operations,
+        problems=[state["problem"] for state in states],
         notes=notes,
-        lines=state["total"] - (1 if state["dropped"] is not None else 0),
+        lines=lines,
         stats=stats,
         _persisted=persisted,
         _materialised=[operations],

@@ -281,19 +281,15 @@ def test_mutated_histories_are_refused_alike_or_judged_alike(spark, tmp_path):
             (e.mutated.kind, e.mutated.data[:3000])
 
     # The accepted ones read to the same lines by both readers (one pass again).
-    with spark_load._spark_failures(spark, str(accepted[0].path)):
-        paths = [str(e.path) for e in accepted]
-        parsed = spark_load._parse(spark, [spark_load._spark_path(p) for p in paths], single=False, local=paths)
-        persisted = [parsed]
-        try:
-            states, paired = spark_load._check(spark, paths, parsed, persisted)
-            assert all(s["problem"] is None for s in states)
-            rows: dict[int, list[dict]] = {}
-            for r in paired.orderBy("_fid", "line").collect():
-                rows.setdefault(r["_fid"], []).append(_plain(r))
-        finally:
-            for df in persisted:
-                df.unpersist()
+    paths = [str(e.path) for e in accepted]
+    loaded = spark_load.load_histories(spark, paths)
+    try:
+        assert loaded.problems == [None] * len(paths)
+        rows: dict[int, list[dict]] = {}
+        for r in loaded.ops.orderBy("_fid", "line").collect():
+            rows.setdefault(r["_fid"], []).append(_plain(r))
+    finally:
+        loaded.unpersist()
     for fid, e in enumerate(accepted):
         python = read_history(e.path)
         got = rows.get(fid, [])

@@ -18,12 +18,12 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from faultline.checker.cycles import add_cycles
-from faultline.history_analysis.anomalies import analyse
+from faultline.history_analysis.anomalies import analyse, analyse_many
 from faultline.history_analysis.result import Analysis
 from faultline.history_analysis.reference import analyse as analyse_python
 from faultline.models.history import read_history, write_history
 
-from .conftest import by_scenario
+from .conftest import by_scenario, read_full
 from .generate import FAULTS, generate
 from .histories import Builder
 
@@ -119,3 +119,29 @@ def test_one_fault_shows_exactly_its_anomalies(spark, faults, seed, steps):
             [w] = got["G0"]
             assert w["size"] == 2 and {st["key"] for st in w["steps"]} == set(d["keys"])
             assert {st["type"] for st in w["steps"]} == {"ww"}
+
+
+# Several histories in one analysis (analyse_many): each built alike (the same scenario names, so
+# the same keys, processes and operation indices in every one), so that anything one history's
+# answer took from another's would show against the plain-Python engine's answer for it alone.
+@settings(max_examples=4, **SETTINGS)
+@given(histories=st.lists(st.lists(st.sampled_from(FAULTS), min_size=1, max_size=3), min_size=2, max_size=5),
+       seed=st.integers(0, 2**32 - 1), steps=st.integers(5, 20), limit=st.sampled_from([1, 100_000]))
+def test_histories_analysed_together_each_get_what_they_get_alone(spark, histories, seed, steps, limit):
+    rnd = random.Random(seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        paths, full = [], []
+        for i, faults in enumerate(histories):
+            b = Builder()
+            for j, fault in enumerate(faults):
+                generate(b, f"s{j}", rnd, fault, steps)
+            paths.append(Path(tmp) / f"history-{i}.jsonl")
+            full.append(Path(tmp) / f"full-{i}")
+            write_history(paths[-1], b.lines)
+        together = analyse_many(spark, [str(p) for p in paths], limit=limit, full_dirs=[str(d) for d in full])
+        assert len(together) == len(paths)
+        for path, directory, analysis in zip(paths, full, together):
+            oracle_dir = directory.with_name(directory.name + "-python")
+            oracle = analyse_python(path, limit=limit, full_dir=oracle_dir)
+            assert analysis == oracle, path.name
+            assert read_full(directory) == read_full(oracle_dir), path.name
