@@ -97,12 +97,7 @@ class History:
         return iter((self.ops, self.notes))
 
     def unpersist(self) -> None:
-        for df in self._persisted:
-            df.unpersist()
-        for df in self._materialised:
-            release(df)
-        self._persisted.clear()
-        self._materialised.clear()
+        _free(self._persisted, self._materialised)
 
 
 def _is_local(path: str) -> bool:
@@ -208,7 +203,16 @@ class Histories:
     _materialised: list[DataFrame] = field(default_factory=list, repr=False)
 
     def unpersist(self) -> None:
-        History.unpersist(self)  # type: ignore[arg-type]
+        _free(self._persisted, self._materialised)
+
+
+def _free(persisted: list[DataFrame], materialised: list[DataFrame]) -> None:
+    for df in persisted:
+        df.unpersist()
+    for df in materialised:
+        release(df)
+    persisted.clear()
+    materialised.clear()
 
 
 def load_histories(spark: SparkSession, paths: list[str | os.PathLike]) -> Histories:
