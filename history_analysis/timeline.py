@@ -23,7 +23,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,14 +82,25 @@ class Timeline:
         return self.known.get(index)
 
 
+# Beyond this many seconds (a history whose clock says it ran for days) only the seconds with
+# completions are listed, each run of them between zeros: a list per second would not fit in memory.
+DENSE_SECONDS = 1_000_000
+
+
 def throughput_of(ops: list[Op], end: float) -> dict[str, list[tuple[int, int]]]:
-    """type -> [(second, completions in it)] for every second of the run."""
+    """type -> [(second, completions in it)] for every second of the run (over DENSE_SECONDS: the
+    seconds with completions and a zero either side of each)."""
     seconds = int(math.ceil(end)) or 1
-    counts: dict[str, list[int]] = {t: [0] * seconds for t in ("ok", "fail", "info")}
+    counts: dict[str, Counter] = {t: Counter() for t in ("ok", "fail", "info")}
     for o in ops:
         if o.complete is not None:
             counts[o.type][min(int(o.complete), seconds - 1)] += 1
-    return {t: list(enumerate(c)) for t, c in counts.items()}
+    if seconds <= DENSE_SECONDS:
+        shown = range(seconds)
+    else:
+        busy = {s for c in counts.values() for s in c}
+        shown = sorted({n for s in busy for n in (s - 1, s, s + 1) if 0 <= n < seconds})
+    return {t: [(n, c[n]) for n in shown] for t, c in counts.items()}
 
 
 def quantiles_of(ops: list[Op]) -> list[tuple[int, dict[float, float]]]:

@@ -91,3 +91,16 @@ def test_a_history_too_large_for_memory_is_drawn_from_sparks_figures(spark, monk
     assert "No plots" not in text
     assert all(f'id="plot-{p}"' in text and f'id="{p}-fault-1"' in text for p in PLOTS)
     assert 'id="witness-lost-write-0"' in text
+
+
+def test_throughput_over_a_clock_gone_wrong_lists_only_busy_seconds_between_zeros():
+    from faultline.history_analysis.timeline import Op, throughput_of
+
+    # A history whose last completion is 31 years in: a list per second would not fit in memory.
+    ops = [Op(1, 0, "send", "ok", 0.5, 2.5), Op(3, 0, "send", "info", 3.0, 1e9 + 0.5)]
+    got = throughput_of(ops, 1e9 + 1)
+    assert got["ok"] == [(1, 0), (2, 1), (3, 0), (999_999_999, 0), (1_000_000_000, 0)]
+    assert got["info"] == [(1, 0), (2, 0), (3, 0), (999_999_999, 0), (1_000_000_000, 1)]
+    assert got["fail"] == [(1, 0), (2, 0), (3, 0), (999_999_999, 0), (1_000_000_000, 0)]
+    # A normal run: every second.
+    assert throughput_of(ops[:1], 4.0)["ok"] == [(0, 0), (1, 0), (2, 1), (3, 0)]
