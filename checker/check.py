@@ -290,7 +290,7 @@ def check_paths(paths: list[str | Path], spark_master: str = "local[2]", model: 
                             progress(f"writing {directory / REPORT}")
                         reports.finish(directory, results, used)
                 out[i] = Checked(directory, results)
-        return [c for c in out if c is not None]
+        return out  # type: ignore[return-value] - every place is filled
     finally:
         if reports is not None:
             reports.close()
@@ -324,14 +324,12 @@ def _checked_together(located: list[tuple[int, Path, Path]], model: str | None, 
         return None
     out = {}
     for (i, directory, history, chosen, note), analysis in zip(ready, analyses):
-        if isinstance(analysis, HistoryError):
-            out[i] = unknown(chosen.name, f"the history could not be read: {analysis}")
-        else:
-            try:
-                out[i] = _completed(directory, judge(analysis, chosen, directory / "anomalies"), note)
-            except Exception as exc:  # noqa: BLE001 - a checker error is an unknown verdict, not a crash
-                log.exception("checking %s failed", history)
-                out[i] = unknown(chosen.name, f"the checker failed: {type(exc).__name__}: {one_line(exc)}")
+        try:
+            if isinstance(analysis, HistoryError):
+                raise analysis
+            out[i] = _completed(directory, judge(analysis, chosen, directory / "anomalies"), note)
+        except Exception as exc:  # noqa: BLE001 - a checker error is an unknown verdict, not a crash
+            out[i] = _failed(chosen.name, history, exc)
     return out
 
 
@@ -369,16 +367,21 @@ def _results(directory: Path, history: Path, model: str | None, engine: str, ses
             spark = session()
         results = check(history, chosen, engine, spark, spark_master, full_dir=directory / "anomalies")
         return _completed(directory, results, note), spark
-    except HistoryError as exc:
-        return unknown(model_name, f"the history could not be read: {exc}"), spark
-    except ValueError as exc:
-        return unknown(model_name, str(exc)), spark
     except Exception as exc:  # noqa: BLE001 - a checker error is an unknown verdict, not a crash
-        log.exception("checking %s failed", history)
-        reason = f"the checker failed: {type(exc).__name__}: {one_line(exc)}"
-        if "stopped SparkContext" in str(exc):
-            # Spark's JVM stops itself when its heap runs out, and says so only in its own log.
-            reason = ("the Spark JVM stopped during the analysis, most likely out of memory: give it "
-                      "more with FAULTLINE_SPARK_DRIVER_MEMORY (for example 12g) or use a Spark "
-                      "cluster (--spark-master). " + reason)
-        return unknown(model_name, reason), spark
+        return _failed(model_name, history, exc), spark
+
+
+def _failed(model_name: str, history: Path, exc: Exception) -> dict[str, Any]:
+    """The unknown verdict of a history that could not be checked, saying why."""
+    if isinstance(exc, HistoryError):
+        return unknown(model_name, f"the history could not be read: {exc}")
+    if isinstance(exc, ValueError):
+        return unknown(model_name, str(exc))
+    log.error("checking %s failed", history, exc_info=exc)
+    reason = f"the checker failed: {type(exc).__name__}: {one_line(exc)}"
+    if "stopped SparkContext" in str(exc):
+        # Spark's JVM stops itself when its heap runs out, and says so only in its own log.
+        reason = ("the Spark JVM stopped during the analysis, most likely out of memory: give it "
+                  "more with FAULTLINE_SPARK_DRIVER_MEMORY (for example 12g) or use a Spark "
+                  "cluster (--spark-master). " + reason)
+    return unknown(model_name, reason)

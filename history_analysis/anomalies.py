@@ -818,8 +818,7 @@ def _analyse(spark: SparkSession, paths: list[str], limit: int,
                 .collect())
         found: dict[int, dict[str, tuple[int, int, list[str]]]] = {fid: {} for fid in accepted}
         for r in sorted(rows, key=lambda r: (r["_fid"], r["type"], r["rn"])):
-            total, count, texts = found[r["_fid"]].setdefault(r["type"], (int(r["total"]), int(r["rows"]), []))
-            texts.append(r["json"])
+            found[r["_fid"]].setdefault(r["type"], (int(r["total"]), int(r["rows"]), []))[2].append(r["json"])
         edges, hubs = _dependencies(facts)
         dependencies: dict[int, list] = {fid: [] for fid in accepted}
         for r in edges.collect():

@@ -255,7 +255,7 @@ def validate_histories(spark: SparkSession, paths: list[str | os.PathLike]) -> d
             finally:
                 for df in persisted:
                     df.unpersist()
-        for i, (fid, _) in enumerate(readable):
+        for fid, _ in readable:
             problems[fid] = states[fid]["problem"]
     return dict(zip(paths, problems))
 
