@@ -84,6 +84,8 @@ def test_isr_shrinks_when_a_follower_stalls_and_expands_when_it_catches_up(clust
     cluster.create_topic("i", 1, 3)
     stalled, other = followers(cluster, "i", 0)
     producer = cluster.producer()
+    # The idempotent producer gets its id first: asked of the paused broker, it would wait out its timeout.
+    assert produce(producer, "i", 0, ["before"])[0][1] == 0
     cluster.pause(stalled)
     try:
         # A stalled follower leaves once it lags: as in Kafka 3.9, one still at the leader's log end
