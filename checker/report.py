@@ -19,6 +19,7 @@ import json
 import logging
 import math
 import os
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -484,7 +485,13 @@ def write_report(directory: str | os.PathLike, results: dict[str, Any] | None = 
         tmp.replace(path)
         return path
     except Exception as exc:  # noqa: BLE001 - the report is a view of the verdict, never a reason to lose it
-        log.warning("could not write %s: %s: %s", directory / REPORT, type(exc).__name__, exc)
+        # Where it failed in faultline's own code, so that the warning alone says what to mend.
+        root = str(Path(__file__).resolve().parents[1])
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = next((f for f in reversed(frames) if f.filename.startswith(root)
+                      and "site-packages" not in f.filename), frames[-1])
+        log.warning("could not write %s: %s: %s (at %s:%d, in %s)", directory / REPORT, type(exc).__name__, exc,
+                    os.path.relpath(where.filename, root), where.lineno, where.name)
         log.debug("writing the report failed", exc_info=True)
         return None
 

@@ -221,6 +221,19 @@ def test_a_history_refused_for_a_line_nested_too_deep_still_gets_its_report(tmp_
     assert 'id="verdict">UNKNOWN' in text and 'id="plot-latency"' in text  # the lines before it are drawn
 
 
+def test_a_report_that_cannot_be_made_is_skipped_with_a_warning_naming_where_it_failed(tmp_path, caplog):
+    from faultline.checker.report import write_report
+
+    folder = invalid_run_with_faults(tmp_path / "run")
+    # results.json is read as given: stats that are not a map cannot be shown.
+    with caplog.at_level("WARNING", logger="faultline.checker"):
+        assert write_report(folder, {"valid": False, "stats": ["not", "a", "map"]}) is None
+    assert not (folder / "report.html").exists()
+    [message] = [r.getMessage() for r in caplog.records]
+    assert message.startswith(f"could not write {folder / 'report.html'}: AttributeError: ")
+    assert message.endswith(", in render)") and "(at checker/report.py:" in message
+
+
 def test_a_history_too_large_to_draw_in_memory_is_reported_without_plots(tmp_path, monkeypatch):
     folder = invalid_run_with_faults(tmp_path / "run")
     monkeypatch.setenv("FAULTLINE_REPORT_MAX_MB", "0.001")  # 1 kB
