@@ -1,7 +1,7 @@
 """Polling with a deadline, instead of bare sleeps.
 
 In: a predicate (any callable), a timeout in seconds, and the message to fail
-with. Out: the predicate's first truthy value, or `TimeoutError` whose text
+with (or a callable that makes it when the wait fails, to say what was found). Out: the predicate's first truthy value, or `TimeoutError` whose text
 is the message plus how long was waited, the last value returned and the
 last exception raised, so a failure says what it was waiting for and why it
 never came.
@@ -10,12 +10,13 @@ never came.
 from __future__ import annotations
 
 import time
-from typing import Callable, TypeVar
+from typing import Callable, TypeVar, Union
 
 T = TypeVar("T")
 
 
-def wait_until(predicate: Callable[[], T], timeout: float, message: str, interval: float = 0.05) -> T:
+def wait_until(predicate: Callable[[], T], timeout: float, message: Union[str, Callable[[], str]],
+               interval: float = 0.05) -> T:
     """Call `predicate` every `interval` seconds until it returns a truthy value.
 
     Exceptions from the predicate count as "not yet": a system that is coming
@@ -41,5 +42,7 @@ def wait_until(predicate: Callable[[], T], timeout: float, message: str, interva
     details = f"waited {timeout:g}s, {attempts} attempt(s); last value {last_value!r}"
     if last_exc is not None:
         details += f"; last error: {type(last_exc).__name__}: {last_exc}"
+    if callable(message):
+        message = message()
     error = TimeoutError(f"{message} ({details})")
     raise error from last_exc

@@ -61,8 +61,19 @@ class Cluster:
         return {int(c) for c in self.zk.get_children("/brokers/ids")} if self.zk.exists("/brokers/ids") else set()
 
     def wait_registered(self, *ids: int, timeout: float = 30) -> None:
-        wait_until(lambda: set(ids) <= self.registered(), timeout,
-                   f"brokers {sorted(ids)} did not register in ZooKeeper {self.zk_connect}")
+        def missing() -> str:
+            # What each missing broker last said: whether it died, and where its start stopped.
+            lines = []
+            for i in sorted(set(ids) - self.registered()):
+                b = self.brokers[i]
+                status = ("not started" if b.proc is None else "running" if b.alive()
+                          else f"exited with status {b.proc.returncode}")
+                tail = "\n    ".join(b.log_text().splitlines()[-5:]) or "(no log)"
+                lines.append(f"broker {i} ({status}), its log ends:\n    {tail}")
+            return (f"brokers {sorted(ids)} did not register in ZooKeeper {self.zk_connect}; "
+                    + "; ".join(lines))
+
+        wait_until(lambda: set(ids) <= self.registered(), timeout, missing)
 
     def controller(self) -> int | None:
         if not self.zk.exists("/controller"):

@@ -39,3 +39,15 @@ def test_timeout_names_the_message_and_the_last_error():
 def test_timeout_reports_the_last_falsy_value():
     with pytest.raises(TimeoutError, match=r"still 0.*last value \[\]"):
         wait_until(lambda: [], 0, "still 0")
+
+
+def test_a_message_given_as_a_callable_is_made_when_the_wait_fails_from_what_was_found():
+    found = []
+
+    def predicate():
+        found.append(len(found))
+        return False
+
+    with pytest.raises(TimeoutError) as info:
+        wait_until(predicate, 0.2, lambda: f"no leader; states seen {len(found)}", interval=0.05)
+    assert str(info.value).startswith(f"no leader; states seen {len(found)} (waited 0.2s, {len(found)} attempt(s)")
