@@ -139,7 +139,8 @@ Definitions (shared/anomalies.md, made precise; reference.py is the oracle):
   (the last `ok` assign with seek_to_beginning naming it, then that
   process's later polls of it, of any outcome), its end (the latest `ok`
   `end_offsets` entry for it), whether it is complete, and the outcome the
-  latest completed `final-reads` operation recorded for it;
+  latest completed `final-reads` operation recorded for it (one that learned
+  nothing of the key only when no other names it);
 - duplicate-consumption: a record (key, offset) that two or more `ok`
   process operations processed; lost-consumption: an offset of the log of a
   key, below the highest offset `ok` commit or committed operations gave the
@@ -204,7 +205,8 @@ def _events(history: Histories) -> DataFrame:
     or committed operation's `offsets` entry for the key; 'f': a
     record of a completed `final-reads` operation naming the key (value: the
     1-based place of its outcome in _OUTCOMES; pos: its place in the
-    record). Columns: key, kind, op, invoke, process, type (of the
+    record; offset: 1 when it says anything of the key's log, else 0, as
+    reference._informative). Columns: key, kind, op, invoke, process, type (of the
     operation), completed, offset, value, pos (order within the operation),
     plain (the operation's f is `send`), rolled_back (it is a `txn` that
     failed or whose outcome is unknown), mixed (it both sends and polls),
@@ -254,7 +256,8 @@ def _events(history: Histories) -> DataFrame:
         parts.append(
             ops.filter("f = 'final-reads' AND completed AND final_reads IS NOT NULL")
             .selectExpr("posexplode(final_reads) AS (i, r)", *rest)
-            .selectExpr("r.key AS key", "'f' AS kind", "CAST(NULL AS LONG) AS offset",
+            .selectExpr("r.key AS key", "'f' AS kind",
+                        "CAST(NOT (r.outcome = 'timeout' AND r.`end` IS NULL AND r.read_to = 0) AS LONG) AS offset",
                         f"CAST(array_position({_OUTCOME_ARRAY}, r.outcome) AS LONG) AS value",
                         "CAST(i AS LONG) AS pos", *named))
     return reduce(DataFrame.unionByName, parts).repartition("_fid", "key")
@@ -547,8 +550,10 @@ def _final_summaries(facts: DataFrame) -> DataFrame:
                .agg(F.max("start.op").alias("assign"), F.max("final_end").alias("final_end"),
                     F.max("read_max").alias("read_max"), F.max("known").alias("known"), F.max("late").alias("late"),
                     F.max("complete").alias("complete"), F.max(F.expr("kind = 'r' AND type = 'ok'")).alias("ok_read")))
-    # The latest completed final-reads operation naming the key; in one record, the last entry.
-    records = facts.filter("kind = 'f'").groupBy("_fid", "key").agg(F.max(F.expr("struct(op, pos, value)")).alias("record"))
+    # The latest completed final-reads operation naming the key (in one record, the last entry),
+    # one that says anything of its log (offset 1) first.
+    records = (facts.filter("kind = 'f'").groupBy("_fid", "key")
+               .agg(F.max(F.expr("struct(offset, op, pos, value)")).alias("record")))
     rows = (per_key.join(records, ["_fid", "key"], "left")
             .filter("assign IS NOT NULL OR known IS NOT NULL OR record IS NOT NULL"))
     return rows.selectExpr(

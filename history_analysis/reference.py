@@ -561,12 +561,24 @@ def _final_logs(evs: list[Event], ops: list[Operation], seeks: list[tuple[str, O
                 logs[key].read_to = max(logs[key].read_to, position)
     for key in known:
         logs.setdefault(key, FinalLog(key, None, ends[key][1] if key in ends else None, known[key] + 1))
-    for o in sorted((o for o in ops if o.final_reads is not None), key=lambda o: o.op):
-        for record in o.final_reads:
+    told: dict[str, tuple] = {}
+    for o in ops:
+        for i, record in enumerate(o.final_reads or ()):
             key = record["key"]
-            logs.setdefault(key, FinalLog(key, None, ends[key][1] if key in ends else None, known.get(key, -1) + 1))
-            logs[key].outcome = record["outcome"]
+            rank = (_informative(record), o.op, i)
+            if key not in told or rank > told[key][0]:
+                told[key] = (rank, record["outcome"])
+    for key, (_, outcome) in told.items():
+        logs.setdefault(key, FinalLog(key, None, ends[key][1] if key in ends else None, known.get(key, -1) + 1))
+        logs[key].outcome = outcome
     return logs
+
+
+def _informative(record: dict) -> bool:
+    """result.FINAL_READS: whether a final-reads record says anything of the key's log. A reader
+    whose time ran out before it learned the key's end or read any of it (its predecessor's crash
+    outlasted the final phase) does not."""
+    return not (record["outcome"] == "timeout" and record["end"] is None and record["read_to"] == 0)
 
 
 def _uncommitted(evs: list[Event], finals: dict[str, FinalLog], found: Found) -> list[str]:

@@ -59,8 +59,10 @@ A key's final log, as both engines derive it:
   lost-write, and a value an ok poll read that the final log does not hold there is an
   uncommitted-read;
 - its outcome is what the harness's final reader recorded for the key (the latest `final-reads`
-  operation naming it: reached, unavailable or timeout; null when none does); anything but
-  reached makes the verdict unknown.
+  operation naming it: reached, unavailable or timeout; null when none does), passing over a
+  record of a reader that learned nothing of the key (outcome timeout, no end, read_to 0: its
+  time ran out before it began, as when its predecessor's crash outlasted the final phase)
+  when another record names the key; anything but reached makes the verdict unknown.
 Every key that a client sent to or read from needs complete final reads for the verdict to be
 valid or invalid on its tail; otherwise it is unknown.
 """
