@@ -88,6 +88,37 @@ def test_the_same_history_whose_final_reads_reach_the_end_is_valid(tmp_path):
     assert (status, results["valid"], results["anomaly_types"]) == (0, True, []), out
 
 
+def final_reads(h: H, process, end, read_to, outcome) -> int:
+    return h.op(process, "final-reads", invoke={"final": True},
+                done={"final": True, "final_reads": [{"key": K, "end": end, "read_to": read_to, "outcome": outcome}]})
+
+
+def test_a_final_reader_whose_time_ran_out_before_it_began_leaves_the_verdict_to_those_that_read(tmp_path):
+    # Reader 2 reads t/0 to its end; reader 3's predecessor's crash outlasted the final phase, so
+    # it learned no end and read nothing before its time ran out: it says nothing of the log.
+    h = healthy()
+    h.assign(2, final=True, ends={K: 3})
+    h.poll(2, [(0, 1), (1, 2), (2, 3)], final=True)
+    final_reads(h, 2, 3, 3, "reached")
+    final_reads(h, 3, None, 0, "timeout")
+    status, results, out = check(h.write(tmp_path / "late"))
+    assert (status, results["valid"], results["anomaly_types"]) == (0, True, []), out
+
+
+def test_a_final_reader_that_learned_the_end_and_ran_out_of_time_makes_the_verdict_unknown(tmp_path):
+    # The same, but the later reader learned where t/0 ends (it may have moved): it could not
+    # read there in time, so the tail is not known.
+    h = healthy()
+    h.assign(2, final=True, ends={K: 3})
+    h.poll(2, [(0, 1), (1, 2), (2, 3)], final=True)
+    final_reads(h, 2, 3, 3, "reached")
+    final_reads(h, 3, 3, 0, "timeout")
+    status, results, out = check(h.write(tmp_path / "late"))
+    assert (status, results["valid"]) == (2, "unknown"), out
+    assert results["unknown_reasons"] == ["the final reads say they did not read 1 key(s) to the end: t/0: the "
+                                          "final reads ran out of time before reaching the key's end"]
+
+
 def test_a_run_where_nothing_succeeded_is_unknown(tmp_path):
     h = H()
     for p in range(5):
