@@ -1,10 +1,11 @@
 """Polling with a deadline, instead of bare sleeps.
 
 In: a predicate (any callable), a timeout in seconds, and the message to fail
-with (or a callable that makes it when the wait fails, to say what was found). Out: the predicate's first truthy value, or `TimeoutError` whose text
-is the message plus how long was waited, the last value returned and the
-last exception raised, so a failure says what it was waiting for and why it
-never came.
+with (or a callable that makes it when the wait fails, to say what was found).
+Out: the predicate's first truthy value, or `TimeoutError` whose text is the
+message plus how long was waited, the last value returned and the last
+exception raised, so a failure says what it was waiting for and why it never
+came.
 """
 
 from __future__ import annotations

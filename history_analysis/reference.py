@@ -578,7 +578,7 @@ def _informative(record: dict) -> bool:
     """result.FINAL_READS: whether a final-reads record says anything of the key's log. A reader
     whose time ran out before it learned the key's end or read any of it (its predecessor's crash
     outlasted the final phase) does not."""
-    return not (record["outcome"] == "timeout" and record["end"] is None and record["read_to"] == 0)
+    return not (record["outcome"] == "timeout" and record.get("end") is None and record["read_to"] == 0)
 
 
 def _uncommitted(evs: list[Event], finals: dict[str, FinalLog], found: Found) -> list[str]:

@@ -67,7 +67,7 @@ def final_read_outcomes(s):
     s.op(c, "final-reads", "ok", {}, {"final_reads": first})
     later = [{"key": k, "end": None, "read_to": 0, "outcome": "timeout"},
              {"key": j, "end": 1, "read_to": 0, "outcome": "timeout"},
-             {"key": m, "end": None, "read_to": 0, "outcome": "timeout"},
+             {"key": m, "read_to": 0, "outcome": "timeout"},  # `end` may be left out
              {"key": only, "end": None, "read_to": 0, "outcome": "unavailable"}]
     s.op(d, "final-reads", "info", {}, {"final_reads": later})
     s.op(s.process(), "final-reads", "ok", {}, completed=False)
