@@ -44,6 +44,9 @@ def wait_until(predicate: Callable[[], T], timeout: float, message: Union[str, C
     if last_exc is not None:
         details += f"; last error: {type(last_exc).__name__}: {last_exc}"
     if callable(message):
-        message = message()
+        try:
+            message = message()
+        except Exception as exc:  # noqa: BLE001 - the timeout is what the caller must see
+            message = f"(the wait's message could not be made: {type(exc).__name__}: {exc})"
     error = TimeoutError(f"{message} ({details})")
     raise error from last_exc

@@ -51,3 +51,13 @@ def test_a_message_given_as_a_callable_is_made_when_the_wait_fails_from_what_was
     with pytest.raises(TimeoutError) as info:
         wait_until(predicate, 0.2, lambda: f"no leader; states seen {len(found)}", interval=0.05)
     assert str(info.value).startswith(f"no leader; states seen {len(found)} (waited 0.2s, {len(found)} attempt(s)")
+
+
+def test_a_message_that_cannot_be_made_still_leaves_the_timeout_with_why():
+    def message():
+        raise ConnectionError("ZooKeeper is gone")
+
+    with pytest.raises(TimeoutError) as info:
+        wait_until(lambda: False, 0, message)
+    assert str(info.value) == ("(the wait's message could not be made: ConnectionError: ZooKeeper is gone) "
+                               "(waited 0s, 1 attempt(s); last value False)")
