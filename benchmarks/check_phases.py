@@ -24,7 +24,7 @@ from pyspark.sql import SparkSession
 
 from faultline.checker.cycles import add_cycles
 from faultline.history_analysis import anomalies as A
-from faultline.history_analysis.load import file_size, load_history
+from faultline.history_analysis.load import file_size, load_histories
 from faultline.history_analysis.result import Analysis
 from faultline.history_analysis.session import get_session, sized_for
 
@@ -53,7 +53,7 @@ def main() -> int:
     size = file_size(args.history)
     spark = timed("session", lambda: get_session(args.spark_master, inputs=[size] if size is not None else None))
     with sized_for(spark, size):
-        history = timed("load (read, check, pair, operations)", lambda: load_history(spark, args.history))
+        history = timed("load (read, check, pair, operations)", lambda: load_histories(spark, [args.history]))
         facts = timed("facts", lambda: A._facts(history))
         timed("scan of every fact column", lambda: facts.selectExpr("sum(hash(*))").collect())
         timed("witnesses", lambda: A._all_witnesses(spark, history, facts).selectExpr("count(json)").collect())

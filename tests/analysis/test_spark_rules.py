@@ -94,7 +94,9 @@ def both(request, spark, tmp_path_factory):
     read_history(path)
     with pytest.MonkeyPatch.context() as mp:
         if request.param == "generated":
+            # And in more shuffle partitions than a small history's one, as a large history is.
             mp.setattr(session, "SMALL_INPUT_BYTES", 0)
+            mp.setattr(session, "shuffle_partitions_for", lambda nbytes: 7)
         spark_result = analyse(spark, str(path), limit=1000)
     return spark_result, analyse_python(path, limit=1000), builder, facts
 
