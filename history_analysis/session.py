@@ -116,6 +116,10 @@ def get_session(master: str = "local[2]", shuffle_partitions: int = 4, app_name:
         .config("spark.ui.retainedTasks", "1000")
         .config("spark.ui.dagGraph.retainedRootRDDs", "20")
         .config("spark.driver.memory", memory)
+        # The analysis's checkpoints (its operations and facts) are read back by every query:
+        # Kryo writes and reads their rows faster than Java serialization (1M operations: 173 s,
+        # 162 s with Kryo; a small history alike).
+        .config("spark.serializer", "org.apache.spark.serializer.KryoSerializer")
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.sql.session.timeZone", "UTC")
         # The analysis partitions its events by key once and answers every
