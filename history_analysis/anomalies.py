@@ -448,8 +448,9 @@ def _duplicate_and_inconsistent(facts: DataFrame) -> list[DataFrame]:
     dup = (held("vmin != vmax").groupBy("_fid", "key", "value")
            .agg(F.count(F.lit(1)).alias("n"), F.array_sort(F.collect_list(F.struct("offset", "op"))).alias("e"))
            .filter("n >= 2"))
-    # Which operations sent a duplicated value (a producer session each, as a process is one), of any outcome.
-    senders = (facts.filter("kind = 's'").groupBy("_fid", "key", "value")
+    # Which operations sent a duplicated value (a producer session each, as a process is one), of any outcome;
+    # asked only of values the log holds at two offsets (vmin and vmax are per key and value).
+    senders = (facts.filter("kind = 's' AND vmin != vmax").groupBy("_fid", "key", "value")
                .agg(F.array_sort(F.collect_set(F.expr("struct(op, CAST(process AS LONG) AS process, type)")))
                     .alias("sends")))
     dup = (dup.join(senders, ["_fid", "key", "value"], "left").withColumn("sends", F.expr("coalesce(sends, array())"))
@@ -466,9 +467,9 @@ def _duplicate_and_inconsistent(facts: DataFrame) -> list[DataFrame]:
         .selectExpr("*", "CASE WHEN send_op IS NOT NULL AND read_op IS NULL "
                          "THEN try_element_at(filter(there, x -> x.value != value), 1) END AS other"))
     return [
-        *[_witness(kind, dup.filter(where), "'key', key, 'value', value, 'offsets', e.offset, 'ops', e.op, "
-                   "'sends', sends", "array_min(e.op)", "value")
-          for kind, where in (("duplicate", "NOT resent"), ("resent-duplicate", "resent"))],
+        _witnesses(dup, [(kind, where, "'key', key, 'value', value, 'offsets', e.offset, 'ops', e.op, 'sends', sends",
+                          "array_min(e.op)", "value")
+                         for kind, where in (("duplicate", "NOT resent"), ("resent-duplicate", "resent"))]),
         _witnesses(offsets, [
             ("inconsistent-offsets", "nth = 1 AND size(reads) >= 2",
              "'key', key, 'offset', offset, 'values', reads.value, 'ops', reads.op", "array_min(reads.op)", "offset"),
@@ -505,8 +506,9 @@ def _consumption(facts: DataFrame) -> list[DataFrame]:
                  .agg(F.max(F.struct("offset", F.expr("-op").alias("neg"))).alias("c"))
                  .selectExpr("_fid", "key", "c.offset AS upto", "-c.neg AS committed_op"))
     maybe = facts.filter("kind = 'q'").select("_fid", "key", "offset").distinct()
-    lost = (facts.filter("lo IS NOT NULL").selectExpr("_fid", "key", "lo AS offset", "value").distinct()
-            .join(committed, ["_fid", "key"]).filter("offset < upto")
+    # The commits are a row per key: the log's rows below them are found without sorting the log.
+    lost = (facts.filter("lo IS NOT NULL").selectExpr("_fid", "key", "lo AS offset", "value")
+            .join(F.broadcast(committed), ["_fid", "key"]).filter("offset < upto").distinct()
             .join(maybe, ["_fid", "key", "offset"], "left_anti"))
     return [dup, _witness("lost-consumption", lost,
                           "'key', key, 'offset', offset, 'value', value, 'committed', upto, "
