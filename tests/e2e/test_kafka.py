@@ -210,8 +210,11 @@ def test_subscribing_consumers_under_partitions_and_kills_record_their_rebalance
     logs = [e for op in ops if op["type"] != "invoke" for e in op.get("rebalance_log") or []]
     assert {e["type"] for e in logs} >= {"assigned"} and any(e["keys"] for e in logs), logs[:5]
     subscribes = [op for op in ops if op["f"] == "subscribe" and op["type"] == "ok"]
-    crashes = [op for op in ops if op["f"] == "crash" and not op.get("final") and op["type"] == "info"]
-    assert crashes and len({op["process"] for op in subscribes}) > 4, "members left and new ones joined"
+    # A member leaves when its process crashes on purpose or ends an operation whose outcome is
+    # unknown (info: its successor opens new clients). Which of the two a run shows depends on how
+    # many operations the faults let it finish: the crashes are a few percent of them.
+    left = [op for op in ops if op["process"] != "nemesis" and op["type"] == "info" and not op.get("final")]
+    assert left and len({op["process"] for op in subscribes}) > 4, "members left and new ones joined"
     assert everything_left() == NOTHING
 
 
