@@ -127,7 +127,7 @@ def get_session(master: str = "local[2]", shuffle_partitions: int = 4, app_name:
         # stage has nothing to gain there and costs a planning pass per stage.
         .config("spark.sql.adaptive.enabled", "false")
         # The cache holds a history's parsed lines only while it is loaded: building compressed
-        # columns took a tenth of loading 1M operations (33.6 s, 30.5 s without).
+        # columns took a tenth of loading 1M operations (33.6-37.1 s, 30.5-32.5 s without).
         .config("spark.sql.inMemoryColumnarStorage.compressed", "false")
         .config("spark.driver.extraJavaOptions",
                 " ".join([f"-Dlog4j2.configurationFile=file:{_log4j_file()}", *java_options(inputs),
