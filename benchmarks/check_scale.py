@@ -10,6 +10,8 @@ store does. Histories are kept in --dir, so a second run can skip generation
 with --reuse. Every figure is one process from start to results.json, JVM
 start included: what a user waits for. With --compare-archive, every Spark figure is taken twice,
 without and with the class archive (history_analysis/class_archive.py; build it first), in turn.
+With --server, every Spark figure is also taken through a check server (`faultline check-server`)
+started once, warmed up, before the first: the wait of a user who keeps one running.
 
     .venv/bin/python benchmarks/check_scale.py --ops 1500 1000000 10000000 --small 30
 """
@@ -45,8 +47,31 @@ def main() -> int:
                         help="operations in each small history (default 1500, a default 30 s run)")
     parser.add_argument("--compare-archive", action="store_true",
                         help="time each Spark check without and with the class archive, in turn")
+    parser.add_argument("--server", action="store_true",
+                        help="also time each Spark check sent to a check server (faultline check-server, "
+                             "started once here and warmed up; its start is reported apart)")
     args = parser.parse_args()
     rows = []
+    args.server_env = None
+    if args.server:
+        args.server_env = {**os.environ, "FAULTLINE_CHECK_SERVER": str(Path(args.dir) / "server" / "socket")}
+        started = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "faultline.runner.cli", "check-server", "start",
+                               "--spark-master", args.spark_master], env=args.server_env, capture_output=True,
+                              text=True)
+        if proc.returncode != 0:
+            print(proc.stdout + proc.stderr, file=sys.stderr)
+            return 1
+        print(json.dumps({"server_start_seconds": round(time.perf_counter() - started, 1)}), flush=True)
+    try:
+        return run(args, rows)
+    finally:
+        if args.server_env is not None:
+            subprocess.run([sys.executable, "-m", "faultline.runner.cli", "check-server", "stop"],
+                           env=args.server_env, capture_output=True)
+
+
+def run(args: argparse.Namespace, rows: list[dict]) -> int:
     if args.small:
         folders = [history_for(args, args.small_ops, seed).parent for seed in range(args.small)]
         for engine in args.engines:
@@ -61,7 +86,7 @@ def main() -> int:
             rows.extend(measured(args, history, n, engine))
     faster = {}
     for r in rows:
-        if "histories" not in r and r["exit"] == 0 and (r["ops"] not in faster or r["seconds"] < faster[r["ops"]]["seconds"]):
+        if "histories" not in r and not r.get("server") and r["exit"] == 0 and (r["ops"] not in faster or r["seconds"] < faster[r["ops"]]["seconds"]):
             faster[r["ops"]] = r
     print(json.dumps({"faster_engine_by_ops": {n: r["engine"] for n, r in sorted(faster.items())}}), flush=True)
     return 0 if all(r["valid"] is True for r in rows) else 1
@@ -81,29 +106,38 @@ def history_for(args: argparse.Namespace, n: int, seed: int | None = None) -> Pa
 
 
 def measured(args: argparse.Namespace, target: Path | list[Path], n: int, engine: str) -> list[dict]:
-    """measure(), once; for Spark with --compare-archive, without and then with the class archive."""
-    if engine != "spark" or not args.compare_archive:
+    """measure(), once; for Spark with --compare-archive, without and then with the class archive;
+    for Spark with --server, then once more through the check server."""
+    if engine != "spark":
         return [measure(args, target, n, engine)]
-    return [measure(args, target, n, engine, archive=False), measure(args, target, n, engine, archive=True)]
+    rows = ([measure(args, target, n, engine, archive=False), measure(args, target, n, engine, archive=True)]
+            if args.compare_archive else [measure(args, target, n, engine)])
+    if args.server_env is not None:
+        rows.append(measure(args, target, n, engine, server=True))
+    return rows
 
 
 def measure(args: argparse.Namespace, target: Path | list[Path], n: int, engine: str,
-            archive: bool | None = None) -> dict:
+            archive: bool | None = None, server: bool = False) -> dict:
     """One `faultline check` of a history (`target`, its path) or of several store folders in one
     call (a list): seconds from process start to exit. `archive`: False to start Spark's JVM
-    without the class archive (None: as configured)."""
+    without the class archive (None: as configured). `server`: sent to the check server (else
+    checked in the process, even if a server runs)."""
     folders = target if isinstance(target, list) else [target.parent]
     cmd = [sys.executable, "-m", "faultline.runner.cli", "check", *map(str, folders), "--spark-master",
-           args.spark_master, "--engine", engine, "--no-progress", "--no-report"]
-    print(f"checking {len(folders)} x {n} operations with {engine}", file=sys.stderr, flush=True)
+           args.spark_master, "--engine", engine, "--no-progress", "--no-report",
+           *([] if server else ["--no-server"])]
+    print(f"checking {len(folders)} x {n} operations with {engine}{' (check server)' if server else ''}",
+          file=sys.stderr, flush=True)
     started = time.perf_counter()
-    env = {**os.environ, **({"FAULTLINE_SPARK_ARCHIVE": "0"} if archive is False else {})}
+    env = {**(args.server_env if server else os.environ),
+           **({"FAULTLINE_SPARK_ARCHIVE": "0"} if archive is False else {})}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     elapsed = time.perf_counter() - started
     verdicts = {json.loads((f / "results.json").read_text()).get("valid") if (f / "results.json").exists()
                 else None for f in folders}
     row = {"ops": n, **({"histories": len(folders)} if isinstance(target, list) else {}), "engine": engine,
-           **({"archive": archive} if archive is not None else {}),
+           **({"archive": archive} if archive is not None else {}), **({"server": True} if server else {}),
            "seconds": round(elapsed, 1), "ops_per_s": round(n * len(folders) / elapsed),
            "valid": verdicts.pop() if len(verdicts) == 1 else None, "exit": proc.returncode,
            "history_mb": round(sum((f / "history.jsonl").stat().st_size for f in folders) / 1e6)}

@@ -5,9 +5,13 @@ In: paths, the Spark master and an optional model name. Out: the `Checked`
 results of `checker.check.check_paths`, with a progress line on stderr
 (elapsed, which history, Spark's active stage and its tasks) meanwhile.
 
+A running check server (runner/check_server.py) with the same master checks
+Spark's share instead, in its warm session; without one, or when it goes away,
+the check runs in this process.
+
 `start_spark_early(master, history)`: the Spark session started in a
 background thread (for a run: while its cluster is torn down), so the check
-that follows finds it running.
+that follows finds it running; not when a check server will take the check.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+from contextlib import nullcontext
 from pathlib import Path
 
 from ..checker.check import Checked, check_paths, history_sizes
@@ -40,6 +45,11 @@ def start_spark_early(spark_master: str, history: Path) -> threading.Thread:
     here is only logged: the check starts the session again and reports why it cannot."""
     def start() -> None:
         from ..history_analysis.session import get_session
+        from .check_server import ask
+
+        answer = ask({"op": "status"})
+        if answer is not None and answer.get("spark_master") == spark_master:
+            return
 
         try:
             get_session(spark_master, inputs=history_sizes([history]))
@@ -52,21 +62,38 @@ def start_spark_early(spark_master: str, history: Path) -> threading.Thread:
 
 
 def check_with_progress(paths: list[str | Path], spark_master: str, model: str | None,
-                        show_progress: bool = True, engine: str = "spark", report: bool = True) -> list[Checked]:
+                        show_progress: bool = True, engine: str = "spark", report: bool = True,
+                        server: bool = True) -> list[Checked]:
+    """`server`: let a running check server take a Spark check."""
     if engine != "spark":
         return check_paths(paths, spark_master, model, engine=engine, report=report,
                            progress=(lambda text: print(text, file=sys.stderr)) if show_progress else None)
     from ..history_analysis.session import get_session
 
-    state = {"what": "starting Spark", "spark": None}
+    state = {"what": "starting Spark", "spark": None, "server": None}
 
     def describe() -> str:
+        if state["server"] is not None:
+            return state["server"]
         spark = state["spark"]
         return f"{state['what']}: " + (spark_status(spark) if spark is not None else "starting")
 
     def note(text: str) -> None:
         state["what"] = text
 
+    if server:
+        from .check_server import ask, checked_by_server, socket_path
+
+        running = ask({"op": "status"})
+        if running is not None and running.get("spark_master") == spark_master:
+            with Progress(describe) if show_progress else nullcontext():
+                state["server"] = f"sent to the check server (pid {running['pid']})"
+                checked = checked_by_server(paths, spark_master, model, report,
+                                            lambda text: state.update(server=text))
+                state["server"] = None
+            if checked is not None:
+                print(f"checked by the check server at {socket_path()} (pid {running['pid']})", file=sys.stderr)
+                return checked
     if not show_progress:
         return check_paths(paths, spark_master, model, report=report)
     with Progress(describe):

@@ -182,7 +182,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         return cmd_explain_model(args)
 
     checked = check_with_progress(args.paths, args.spark_master, args.model, not args.no_progress, args.engine,
-                                  not args.no_report)
+                                  not args.no_report, server=not args.no_server)
     for c in checked:
         print(summary(c.results, str(c.directory)))
     if args.junit:
@@ -269,10 +269,32 @@ def cmd_claims(args: argparse.Namespace) -> int:
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
     from ..control.cleanup import cleanup
+    from . import check_server
 
     found = cleanup(dry_run=args.dry_run, include_live=args.include_live)
     print(found.describe())
+    server = check_server.ask({"op": "status"})
+    if server is not None:
+        if args.include_live and not args.dry_run:
+            check_server.stop()
+        else:
+            print(f"a check server runs (pid {server['pid']}, {check_server.socket_path()}): "
+                  f"{'cleanup --include-live would stop it' if args.include_live else 'left alone'}; "
+                  "it stops by itself when idle, or with `faultline check-server stop`")
     return 1 if found.errors else 0
+
+
+def cmd_check_server(args: argparse.Namespace) -> int:
+    from . import check_server
+
+    if args.action == "start":
+        if args.idle_timeout <= 0:
+            print("faultline check-server: --idle-timeout must be above 0 seconds", file=sys.stderr)
+            return 2
+        if args.foreground:
+            return check_server.serve_foreground(args.spark_master, args.idle_timeout, not args.no_warm_up)
+        return check_server.start(args.spark_master, args.idle_timeout, not args.no_warm_up)
+    return {"stop": check_server.stop, "status": check_server.status}[args.action]()
 
 
 def cmd_image(args: argparse.Namespace) -> int:
@@ -389,7 +411,42 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--junit", metavar="FILE", help="also write the verdicts as JUnit XML to FILE, for CI (a "
                        "test case per PATH: passing if valid, a failure naming the forbidden anomalies if invalid, "
                        "an error if unknown)")
+    check.add_argument("--no-server", action="store_true",
+                       help="check in this process even when a check server runs (see faultline check-server)")
     check.set_defaults(func=cmd_check)
+
+    server = sub.add_parser(
+        "check-server", help="keep a warm Spark session that checks faster (start, stop, status)",
+        description="A check server keeps one Spark session running, warmed up, for every `faultline check` and "
+                    "`faultline run` on this machine (same user) while it runs. A check in a fresh process pays for "
+                    "a cold JVM: most of a small history's check goes to Spark planning and compiling in it. With "
+                    "a server, `faultline check` sends the paths to it, shows its progress and prints the same "
+                    "verdicts; the server writes results.json and report.html as the check would. Without a server, "
+                    "with another --spark-master, with `check --no-server`, or when the server goes away during a "
+                    "check, the check runs in its own process as before.",
+        epilog="examples:\n"
+               "  faultline check-server start              # background; ready when this returns\n"
+               "  faultline check store/latest              # now checked by the server\n"
+               "  faultline check-server status\n"
+               "  faultline check-server stop\n\n"
+               "The socket is ~/.cache/faultline/check-server/socket (set FAULTLINE_CHECK_SERVER to a path to "
+               "use another), its log beside it (socket.log). The server stops by itself after --idle-timeout "
+               "seconds without a request; `faultline cleanup --include-live` stops it too.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    server.add_argument("action", choices=("start", "stop", "status"),
+                        help="start: in the background, returning once it answers; stop; status: whether one "
+                             "runs (exit 0) or not (exit 1), and what it has served")
+    server.add_argument("--spark-master", default="local[2]", metavar="URL",
+                        help="the server's Spark master (default local[2]); checks asking another run in "
+                             "their own process")
+    server.add_argument("--idle-timeout", type=float, default=900.0, metavar="SECONDS",
+                        help="stop after this long without a request (default 900)")
+    server.add_argument("--no-warm-up", action="store_true",
+                        help="listen at once, without the three warm-up checks of synthetic histories (the first "
+                             "checks then run at a cold JVM's pace)")
+    server.add_argument("--foreground", action="store_true",
+                        help="serve in this process (logging to the terminal) until stopped or idle")
+    server.set_defaults(func=cmd_check_server)
 
     repro = sub.add_parser("repro", help="rerun a stored test from its test.json",
                            description="Run a stored test again: the same spec, seed included, so the same "

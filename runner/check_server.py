@@ -1,0 +1,391 @@
+"""A check server: one warm Spark session kept between `faultline check` calls.
+
+A check's JVM starts cold: most of a small history's check is Spark planning and compiling in a
+JVM whose code is not yet compiled (a default run's history: 18 s from a fresh process, 4.5 s in
+a session that has checked a few). The server keeps such a session, warmed up on synthetic
+histories when it starts, and checks what `faultline check` and `faultline run` send it.
+
+In: requests over a Unix socket at `socket_path()` (0600, in a 0700 folder), one JSON line each:
+`{"op": "check", "paths": [...], "spark_master": ..., "model": ..., "report": ...}`,
+`{"op": "status"}` or `{"op": "stop"}`. Out, on the same connection, JSON lines: for a check,
+`{"progress": text}` while it runs, then `{"results": [[folder, results], ...]}` (the server
+has also written results.json and report.html, as an in-process check would) or
+`{"error": text}`; a status or stop request gets one line. A check asked of another Spark master
+than the server's is refused (`{"refused": why}`); the client then checks in its own process.
+
+Status and stop requests are answered at once; checks are served one at a time, in the order
+they come. The server exits after
+`idle_timeout` seconds without a request, on a stop request, or on SIGTERM/SIGINT, and removes
+its socket. The client side (`checked_by_server`) falls back to checking in its own process when
+no server answers, or when the server goes away during a check.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from ..checker.check import Checked, check_paths
+from ..control.wait import wait_until
+
+SOCKET_ENV = "FAULTLINE_CHECK_SERVER"
+DEFAULT_IDLE_TIMEOUT = 900.0
+log = logging.getLogger("faultline.check_server")
+
+
+def socket_path() -> Path:
+    """$FAULTLINE_CHECK_SERVER, else ~/.cache/faultline/check-server/socket."""
+    env = os.environ.get(SOCKET_ENV)
+    return Path(env) if env else Path.home() / ".cache" / "faultline" / "check-server" / "socket"
+
+
+def log_path(sock: Path) -> Path:
+    return sock.with_name(sock.name + ".log")
+
+
+class ServerGone(Exception):
+    """The server closed the connection before it answered."""
+
+
+def _connect(sock: Path, timeout: float | None) -> socket.socket | None:
+    """A connection to the server at `sock`, or None when none listens there."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        s.connect(str(sock))
+    except (FileNotFoundError, ConnectionRefusedError, OSError):
+        s.close()
+        return None
+    return s
+
+
+def _lines(conn: socket.socket):
+    """The JSON lines the other side sends, until it closes the connection."""
+    with conn.makefile("r", encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                yield json.loads(line)
+
+
+def _send(conn: socket.socket, message: dict) -> None:
+    conn.sendall((json.dumps(message) + "\n").encode())
+
+
+def ask(message: dict, sock: Path | None = None, timeout: float | None = 10.0) -> dict | None:
+    """One request with a one-line answer (status, stop): the answer, or None without a server."""
+    conn = _connect(sock or socket_path(), timeout)
+    if conn is None:
+        return None
+    try:
+        _send(conn, message)
+        for answer in _lines(conn):
+            return answer
+        return None
+    except OSError:
+        return None
+    finally:
+        conn.close()
+
+
+def checked_by_server(paths: list[str | Path], spark_master: str, model: str | None, report: bool,
+                      progress: Callable[[str], None] | None = None) -> list[Checked] | None:
+    """The check of `paths` by the server, or None when no server takes it (none runs, another
+    master, or it went away before answering: then nothing it may have written is relied on)."""
+    conn = _connect(socket_path(), None)
+    if conn is None:
+        return None
+    try:
+        _send(conn, {"op": "check", "paths": [str(Path(p).resolve()) for p in paths], "spark_master": spark_master,
+                     "model": model, "report": report})
+        for answer in _lines(conn):
+            if "progress" in answer:
+                if progress:
+                    progress(answer["progress"])
+            elif "results" in answer:
+                return [Checked(Path(d), r) for d, r in answer["results"]]
+            elif "refused" in answer:
+                log.info("the check server refused the check: %s", answer["refused"])
+                return None
+            elif "error" in answer:
+                log.warning("the check server failed (%s); checking here instead", answer["error"])
+                return None
+        log.warning("the check server went away during the check; checking here instead")
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("the check server's connection failed (%s); checking here instead", exc)
+        return None
+    finally:
+        conn.close()
+
+
+# --- the server ---------------------------------------------------------------------------------
+
+WARM_UP_CHECKS = 3
+
+
+def _warm_up(spark, say: Callable[[str], None]) -> None:
+    """Check small synthetic histories, so the JVM has compiled the analysis's hot code before the
+    first real check (a default run's history: 17 s in a fresh session, 4.5 s after three checks)."""
+    from ..models.synthetic_history import write_history
+
+    with tempfile.TemporaryDirectory(prefix="faultline-check-server-") as tmp:
+        for i in range(WARM_UP_CHECKS):
+            run = Path(tmp) / f"run{i}"
+            run.mkdir()
+            write_history(run / "history.jsonl", 600, processes=4, keys=5)
+            started = time.monotonic()
+            check_paths([run], spark=spark, report=False)
+            say(f"warm-up check {i + 1}/{WARM_UP_CHECKS}: {time.monotonic() - started:.1f} s")
+
+
+class Server:
+    def __init__(self, sock: Path, spark_master: str, idle_timeout: float, warm_up: bool = True,
+                 say: Callable[[str], None] = print):
+        self.sock, self.master, self.idle_timeout, self.warm, self.say = sock, spark_master, idle_timeout, warm_up, say
+        self.started = time.time()
+        self.served = 0
+        self.stopping = False
+        self.spark = None
+        self.queue: queue.Queue = queue.Queue()
+        self.lock = threading.Lock()
+        self.busy = 0  # checks queued or under way
+        self.last = time.monotonic()  # when the last request came or the last check ended
+
+    def status(self) -> dict[str, Any]:
+        return {"pid": os.getpid(), "spark_master": self.master, "started": self.started,
+                "checks": self.served, "queued": self.busy, "idle_timeout": self.idle_timeout, "socket": str(self.sock)}
+
+    def serve(self) -> None:
+        from ..history_analysis.session import get_session
+        from .checking import spark_status
+
+        self._spark_status = spark_status
+        self.sock.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if _connect(self.sock, 2.0) is not None:
+            raise RuntimeError(f"a check server already answers at {self.sock}")
+        self.sock.unlink(missing_ok=True)  # a dead server's
+        self.spark = get_session(self.master)
+        if self.warm:
+            _warm_up(self.spark, self.say)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old_umask = os.umask(0o177)
+        try:
+            listener.bind(str(self.sock))
+        finally:
+            os.umask(old_umask)
+        listener.listen(16)
+        self.say(f"check server: ready at {self.sock} (pid {os.getpid()}, Spark {self.master}); "
+                 f"stops after {self.idle_timeout:g} s without a request")
+        worker = threading.Thread(target=self._work, name="check-server-worker", daemon=True)
+        worker.start()
+        self.last = time.monotonic()
+        try:
+            while not self.stopping:
+                listener.settimeout(1.0)
+                try:
+                    conn, _ = listener.accept()
+                except socket.timeout:
+                    if self.busy == 0 and time.monotonic() - self.last >= self.idle_timeout:
+                        self.say(f"check server: {self.idle_timeout:g} s without a request; stopping")
+                        break
+                    continue
+                self.last = time.monotonic()
+                self._take(conn)
+        finally:
+            listener.close()
+            self.sock.unlink(missing_ok=True)
+            self.queue.put(None)
+            worker.join()
+            self.spark.stop()
+
+    def _take(self, conn: socket.socket) -> None:
+        """Answer a status or stop request at once; queue a check for the worker."""
+        conn.settimeout(10.0)
+        try:
+            request = json.loads(conn.makefile("r", encoding="utf-8").readline() or "null")
+        except (OSError, ValueError) as exc:
+            self.say(f"check server: an unreadable request ({exc}); ignored")
+            conn.close()
+            return
+        op = request.get("op") if isinstance(request, dict) else None
+        try:
+            if op == "check":
+                conn.settimeout(None)
+                with self.lock:
+                    self.busy += 1
+                self.queue.put((conn, request))
+                return
+            if op == "status":
+                _send(conn, self.status())
+            elif op == "stop":
+                self.stopping = True
+                _send(conn, {"stopping": os.getpid()})
+            else:
+                _send(conn, {"error": f"unknown request {op!r}"})
+        except OSError:
+            pass
+        conn.close()
+
+    def _work(self) -> None:
+        """Serve the queued checks one at a time; those still queued when the server stops are told so."""
+        while (item := self.queue.get()) is not None:
+            conn, request = item
+            with conn:
+                try:
+                    if self.stopping:
+                        _send(conn, {"error": "the check server is stopping"})
+                    else:
+                        self._check(conn, request)
+                except OSError:
+                    pass  # the client went away; what it asked was still done
+            with self.lock:
+                self.busy -= 1
+            self.last = time.monotonic()
+        while not self.queue.empty():
+            item = self.queue.get()
+            if item is not None:
+                with item[0] as conn:
+                    try:
+                        _send(conn, {"error": "the check server is stopping"})
+                    except OSError:
+                        pass
+
+    def _check(self, conn: socket.socket, request: dict) -> None:
+        if request.get("spark_master") != self.master:
+            _send(conn, {"refused": f"this server runs Spark {self.master}, not {request.get('spark_master')}"})
+            return
+        state = {"what": "checking"}
+        done, gone = threading.Event(), threading.Event()
+
+        def beat() -> None:
+            while not done.wait(1.0):
+                try:
+                    _send(conn, {"progress": f"{state['what']}: {self._spark_status(self.spark)} (check server)"})
+                except OSError:
+                    gone.set()
+                    return
+
+        ticker = threading.Thread(target=beat, name="check-server-progress", daemon=True)
+        ticker.start()
+        started = time.monotonic()
+        try:
+            checked = check_paths(request["paths"], self.master, request.get("model"),
+                                  progress=lambda text: state.update(what=text), spark=self.spark,
+                                  report=bool(request.get("report", True)))
+            answer: dict = {"results": [[str(c.directory), c.results] for c in checked]}
+        except Exception as exc:  # noqa: BLE001 - told to the client, which checks in its own process
+            log.exception("check failed")
+            answer = {"error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            done.set()
+            ticker.join()
+        self.served += 1
+        self.say(f"check server: checked {len(request['paths'])} path(s) in {time.monotonic() - started:.1f} s"
+                 + ("; the client had gone" if gone.is_set() else ""))
+        _send(conn, answer)
+
+
+def serve_foreground(spark_master: str, idle_timeout: float, warm_up: bool) -> int:
+    server = Server(socket_path(), spark_master, idle_timeout, warm_up,
+                    say=lambda text: print(text, flush=True))
+
+    def stop(signum, _frame) -> None:
+        server.stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        server.serve()
+    except RuntimeError as exc:
+        print(f"check server: not started: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def start(spark_master: str, idle_timeout: float, warm_up: bool, say: Callable[[str], None] = print,
+          timeout: float = 300.0) -> int:
+    """Start a server in the background and wait until it answers; 0 when it does (or one already
+    did), 1 with the reason said when it did not start."""
+    sock = socket_path()
+    running = ask({"op": "status"}, sock)
+    if running is not None:
+        say(f"check server: already running at {sock} (pid {running['pid']}, Spark {running['spark_master']})")
+        return 0
+    sock.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    logfile = log_path(sock)
+    cmd = [sys.executable, "-m", "faultline.runner.cli", "check-server", "start", "--foreground",
+           "--spark-master", spark_master, "--idle-timeout", f"{idle_timeout:g}"]
+    if not warm_up:
+        cmd.append("--no-warm-up")
+    with open(logfile, "w") as out:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, env={**os.environ, SOCKET_ENV: str(sock)})
+    say(f"check server: starting (pid {proc.pid}): Spark, then {WARM_UP_CHECKS if warm_up else 'no'} warm-up "
+        f"checks; log {logfile}")
+    try:
+        wait_until(lambda: proc.poll() is not None or ask({"op": "status"}, sock, 2.0), timeout,
+                   f"the check server did not answer at {sock}")
+    except TimeoutError as exc:
+        proc.terminate()
+        say(f"check server: not started: {exc}; its log: {logfile}")
+        return 1
+    if proc.poll() is not None:
+        tail = logfile.read_text(errors="replace").strip().splitlines()[-5:]
+        say(f"check server: not started: it exited with status {proc.returncode}: " + " / ".join(tail))
+        return 1
+    say(f"check server: ready at {sock} (pid {proc.pid}); `faultline check` and `faultline run` use it "
+        f"until it stops (after {idle_timeout:g} s without a request, or `faultline check-server stop`)")
+    return 0
+
+
+def stop(say: Callable[[str], None] = print, timeout: float = 60.0) -> int:
+    sock = socket_path()
+    answer = ask({"op": "stop"}, sock)
+    if answer is None:
+        say(f"check server: none runs at {sock}")
+        return 0
+    pid = answer["stopping"]
+    try:
+        wait_until(lambda: not _alive(pid), timeout, f"the check server (pid {pid}) did not stop")
+    except TimeoutError:
+        os.kill(pid, signal.SIGKILL)
+        sock.unlink(missing_ok=True)
+        say(f"check server: pid {pid} did not stop within {timeout:g} s; killed")
+        return 0
+    say(f"check server: stopped (pid {pid})")
+    return 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (our own child, not yet reaped) has stopped.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def status(say: Callable[[str], None] = print) -> int:
+    sock = socket_path()
+    answer = ask({"op": "status"}, sock)
+    if answer is None:
+        say(f"check server: none runs at {sock}")
+        return 1
+    up = time.time() - answer["started"]
+    say(f"check server: running at {sock}: pid {answer['pid']}, Spark {answer['spark_master']}, up {up:.0f} s, "
+        f"{answer['checks']} check(s) served, stops after {answer['idle_timeout']:g} s without a request")
+    return 0

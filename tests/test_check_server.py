@@ -1,0 +1,137 @@
+"""`faultline check-server`: a warm Spark session that `faultline check` hands its checks to, the
+same verdicts as a check in its own process, and a check that still runs when the server is gone.
+
+Each test's server listens at a socket of its own (FAULTLINE_CHECK_SERVER), so a server a user
+runs on this machine takes no part and these servers serve no other test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from faultline.control.wait import wait_until
+from faultline.models.history import write_history
+from tests.test_cli import sends_and_reads
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def env(tmp_path):
+    environment = {**os.environ, "FAULTLINE_CHECK_SERVER": str(tmp_path / "server" / "socket")}
+    yield environment
+    # Whatever a failed test left: the server and its JVM, found by the socket in its environment.
+    subprocess.run([sys.executable, "-m", "faultline.runner.cli", "check-server", "stop"], env=environment,
+                   capture_output=True, timeout=120)
+
+
+def faultline(env: dict, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "faultline.runner.cli", *args], cwd=REPO, env=env, text=True,
+                          capture_output=True, timeout=timeout)
+
+
+def server_pid(env: dict) -> int:
+    proc = faultline(env, "check-server", "status")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return int(proc.stdout.split("pid ")[1].split(",")[0])
+
+
+def descendants(pid: int) -> set[int]:
+    out = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            out |= {int(child)} | descendants(int(child))
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def histories(tmp_path: Path) -> tuple[Path, Path, Path]:
+    good, dup, broken = tmp_path / "good", tmp_path / "dup", tmp_path / "broken"
+    for d in (good, dup, broken):
+        d.mkdir()
+    write_history(good / "history.jsonl", sends_and_reads([(0, 1), (1, 2)]))
+    write_history(dup / "history.jsonl", sends_and_reads([(0, 1), (1, 2), (2, 1)]))
+    lines = sends_and_reads([(0, 1), (1, 2)])
+    (broken / "history.jsonl").write_text(
+        "\n".join(json.dumps(line) for line in lines[:3]) + "\n{not json\n" + json.dumps(lines[4]) + "\n")
+    return good, dup, broken
+
+
+def test_a_check_server_gives_the_verdicts_of_a_check_in_its_own_process_and_stops(tmp_path, env):
+    proc = faultline(env, "check-server", "start", "--idle-timeout", "600")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ready at" in proc.stdout
+    pid = server_pid(env)
+    log = (Path(env["FAULTLINE_CHECK_SERVER"]).with_name("socket.log")).read_text()
+    assert [line.split(":")[0] for line in log.splitlines() if line.startswith("warm-up check")] == [
+        "warm-up check 1/3", "warm-up check 2/3", "warm-up check 3/3"]
+
+    good, dup, broken = histories(tmp_path)
+    served = faultline(env, "check", str(good), str(dup), str(broken), "--no-progress")
+    assert served.returncode == 2, served.stdout + served.stderr
+    assert f"checked by the check server at {env['FAULTLINE_CHECK_SERVER']} (pid {pid})" in served.stderr
+    by_server = {d.name: json.loads((d / "results.json").read_text()) for d in (good, dup, broken)}
+    assert all((d / "report.html").exists() for d in (good, dup))
+    assert by_server["good"]["valid"] is True
+    assert by_server["dup"]["valid"] is False and by_server["dup"]["bad_anomaly_types"] == ["duplicate"]
+    assert by_server["broken"]["valid"] == "unknown" and "history.jsonl:4" in by_server["broken"]["error"]
+    assert "history.jsonl:4" in served.stdout
+
+    # The same paths checked in this process: the same results, word for word.
+    here = faultline(env, "check", str(good), str(dup), str(broken), "--no-progress", "--no-server")
+    assert here.returncode == 2, here.stdout + here.stderr
+    assert "check server" not in here.stderr
+    assert {d.name: json.loads((d / "results.json").read_text()) for d in (good, dup, broken)} == by_server
+    assert served.stdout == here.stdout
+
+    status = faultline(env, "check-server", "status")
+    assert status.returncode == 0 and "1 check(s) served" in status.stdout, status.stdout
+    jvm = descendants(pid)
+    assert jvm, "the server runs Spark's JVM as its child"
+    stopped = faultline(env, "check-server", "stop")
+    assert stopped.returncode == 0 and f"stopped (pid {pid})" in stopped.stdout, stopped.stdout + stopped.stderr
+    wait_until(lambda: not any(alive(p) for p in jvm | {pid}), 60, "the server's processes did not end")
+    assert not Path(env["FAULTLINE_CHECK_SERVER"]).exists()
+    gone = faultline(env, "check-server", "status")
+    assert gone.returncode == 1 and "none runs" in gone.stdout
+
+
+def test_an_idle_server_stops_by_itself_and_a_killed_one_leaves_the_check_to_its_own_process(tmp_path, env):
+    sock = Path(env["FAULTLINE_CHECK_SERVER"])
+    proc = faultline(env, "check-server", "start", "--no-warm-up", "--idle-timeout", "2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    pid = server_pid(env)
+    wait_until(lambda: not alive(pid), 60, "the idle server did not stop")
+    assert not sock.exists()
+    assert "2 s without a request; stopping" in sock.with_name("socket.log").read_text()
+
+    proc = faultline(env, "check-server", "start", "--no-warm-up", "--idle-timeout", "600")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    pid = server_pid(env)
+    processes = descendants(pid) | {pid}
+    os.kill(pid, signal.SIGKILL)
+    # Spark's JVM ends with the Python process that started it.
+    wait_until(lambda: not any(alive(p) for p in processes), 60, "the killed server's JVM did not end")
+    assert sock.exists(), "a killed server leaves its socket"
+
+    good, dup, _ = histories(tmp_path)
+    checked = faultline(env, "check", str(good), str(dup), "--no-progress")
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert "check server" not in checked.stderr
+    assert json.loads((dup / "results.json").read_text())["bad_anomaly_types"] == ["duplicate"]
+    status = faultline(env, "check-server", "status")
+    assert status.returncode == 1 and "none runs" in status.stdout
