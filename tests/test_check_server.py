@@ -100,6 +100,9 @@ def test_a_check_server_gives_the_verdicts_of_a_check_in_its_own_process_and_sto
 
     status = faultline(env, "check-server", "status")
     assert status.returncode == 0 and "1 check(s) served" in status.stdout, status.stdout
+    listed = faultline(env, "cleanup", "--dry-run", "--include-live")
+    assert (f"a check server runs (pid {pid}, {env['FAULTLINE_CHECK_SERVER']}): cleanup --include-live would "
+            "stop it") in listed.stdout, listed.stdout + listed.stderr
     jvm = descendants(pid)
     assert jvm, "the server runs Spark's JVM as its child"
     stopped = faultline(env, "check-server", "stop")
