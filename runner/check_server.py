@@ -40,6 +40,7 @@ from ..checker.check import Checked, check_paths
 from ..control.wait import wait_until
 
 SOCKET_ENV = "FAULTLINE_CHECK_SERVER"
+SILENCE_LIMIT = 120.0
 DEFAULT_IDLE_TIMEOUT = 900.0
 log = logging.getLogger("faultline.check_server")
 
@@ -102,7 +103,9 @@ def checked_by_server(paths: list[str | Path], spark_master: str, model: str | N
                       progress: Callable[[str], None] | None = None) -> list[Checked] | None:
     """The check of `paths` by the server, or None when no server takes it (none runs, another
     master, or it went away before answering: then nothing it may have written is relied on)."""
-    conn = _connect(socket_path(), None)
+    # The server says how it is doing every second while it checks; this long without a word, it is
+    # taken for hung and the check runs here.
+    conn = _connect(socket_path(), SILENCE_LIMIT)
     if conn is None:
         return None
     try:
@@ -160,6 +163,7 @@ class Server:
         self.queue: queue.Queue = queue.Queue()
         self.lock = threading.Lock()
         self.busy = 0  # checks queued or under way
+        self.waiting: list[socket.socket] = []  # the queued checks' connections, in order
         self.last = time.monotonic()  # when the last request came or the last check ended
 
     def status(self) -> dict[str, Any]:
@@ -189,6 +193,7 @@ class Server:
                  f"stops after {self.idle_timeout:g} s without a request")
         worker = threading.Thread(target=self._work, name="check-server-worker", daemon=True)
         worker.start()
+        threading.Thread(target=self._tell_waiting, name="check-server-queue", daemon=True).start()
         self.last = time.monotonic()
         try:
             while not self.stopping:
@@ -207,7 +212,10 @@ class Server:
             self.sock.unlink(missing_ok=True)
             self.queue.put(None)
             worker.join()
-            self.spark.stop()
+            try:
+                self.spark.stop()
+            except Exception:  # noqa: BLE001 - a dead session has nothing left to stop
+                pass
 
     def _take(self, conn: socket.socket) -> None:
         """Answer a status or stop request at once; queue a check for the worker."""
@@ -224,6 +232,7 @@ class Server:
                 conn.settimeout(None)
                 with self.lock:
                     self.busy += 1
+                    self.waiting.append(conn)
                 self.queue.put((conn, request))
                 return
             if op == "status":
@@ -237,10 +246,24 @@ class Server:
             pass
         conn.close()
 
+    def _tell_waiting(self) -> None:
+        """Every second, tell each queued check's client where it stands (a client takes a long silence
+        for a hung server)."""
+        while not self.stopping:
+            with self.lock:
+                for ahead, conn in enumerate(self.waiting, start=1):
+                    try:
+                        _send(conn, {"progress": f"queued at the check server behind {ahead} check(s)"})
+                    except OSError:
+                        pass  # the client went away; the worker finds out when it gets there
+            time.sleep(1.0)
+
     def _work(self) -> None:
         """Serve the queued checks one at a time; those still queued when the server stops are told so."""
         while (item := self.queue.get()) is not None:
             conn, request = item
+            with self.lock:
+                self.waiting.remove(conn)
             with conn:
                 try:
                     if self.stopping:
@@ -287,6 +310,9 @@ class Server:
         except Exception as exc:  # noqa: BLE001 - told to the client, which checks in its own process
             log.exception("check failed")
             answer = {"error": f"{type(exc).__name__}: {exc}"}
+            if not self._spark_alive():
+                self.say("check server: its Spark session no longer answers; stopping")
+                self.stopping = True
         finally:
             done.set()
             ticker.join()
@@ -294,6 +320,13 @@ class Server:
         self.say(f"check server: checked {len(request['paths'])} path(s) in {time.monotonic() - started:.1f} s"
                  + ("; the client had gone" if gone.is_set() else ""))
         _send(conn, answer)
+
+
+    def _spark_alive(self) -> bool:
+        try:
+            return self.spark.range(1).count() == 1
+        except Exception:  # noqa: BLE001 - any failure means the session cannot serve
+            return False
 
 
 def serve_foreground(spark_master: str, idle_timeout: float, warm_up: bool) -> int:

@@ -90,7 +90,9 @@ def check_with_progress(paths: list[str | Path], spark_master: str, model: str |
                 state["server"] = f"sent to the check server (pid {running['pid']})"
                 checked = checked_by_server(paths, spark_master, model, report,
                                             lambda text: state.update(server=text))
-                state["server"] = None
+                state["server"] = ("checked by the check server" if checked is not None else
+                                   "the check server did not finish the check: checking here")
+            state["server"] = None
             if checked is not None:
                 print(f"checked by the check server at {socket_path()} (pid {running['pid']})", file=sys.stderr)
                 return checked
