@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 
 from faultline.control.wait import wait_until
-from faultline.models.history import write_history
-from tests.test_cli import sends_and_reads
+from tests.test_cli import good_dup_broken
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -59,18 +58,6 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def histories(tmp_path: Path) -> tuple[Path, Path, Path]:
-    good, dup, broken = tmp_path / "good", tmp_path / "dup", tmp_path / "broken"
-    for d in (good, dup, broken):
-        d.mkdir()
-    write_history(good / "history.jsonl", sends_and_reads([(0, 1), (1, 2)]))
-    write_history(dup / "history.jsonl", sends_and_reads([(0, 1), (1, 2), (2, 1)]))
-    lines = sends_and_reads([(0, 1), (1, 2)])
-    (broken / "history.jsonl").write_text(
-        "\n".join(json.dumps(line) for line in lines[:3]) + "\n{not json\n" + json.dumps(lines[4]) + "\n")
-    return good, dup, broken
-
-
 def test_a_check_server_gives_the_verdicts_of_a_check_in_its_own_process_and_stops(tmp_path, env):
     proc = faultline(env, "check-server", "start", "--idle-timeout", "600")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -80,7 +67,7 @@ def test_a_check_server_gives_the_verdicts_of_a_check_in_its_own_process_and_sto
     assert [line.split(":")[0] for line in log.splitlines() if line.startswith("warm-up check")] == [
         "warm-up check 1/3", "warm-up check 2/3", "warm-up check 3/3"]
 
-    good, dup, broken = histories(tmp_path)
+    good, dup, broken = good_dup_broken(tmp_path)
     served = faultline(env, "check", str(good), str(dup), str(broken), "--no-progress")
     assert served.returncode == 2, served.stdout + served.stderr
     assert f"checked by the check server at {env['FAULTLINE_CHECK_SERVER']} (pid {pid})" in served.stderr
@@ -131,7 +118,7 @@ def test_an_idle_server_stops_by_itself_and_a_killed_one_leaves_the_check_to_its
     wait_until(lambda: not any(alive(p) for p in processes), 60, "the killed server's JVM did not end")
     assert sock.exists(), "a killed server leaves its socket"
 
-    good, dup, _ = histories(tmp_path)
+    good, dup, _ = good_dup_broken(tmp_path)
     checked = faultline(env, "check", str(good), str(dup), "--no-progress")
     assert checked.returncode == 1, checked.stdout + checked.stderr
     assert "check server" not in checked.stderr

@@ -40,8 +40,8 @@ def sends_and_reads(values_read: list[tuple[int, int]]) -> list[dict]:
     ]
 
 
-@pytest.mark.parametrize("engine", ["spark", "python"])
-def test_check_gives_each_history_its_verdict_and_the_worst_exit_status(tmp_path, engine):
+def good_dup_broken(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """Three store folders: a valid history, one with a duplicate, one whose line 4 is bad JSON."""
     good, dup, broken = tmp_path / "good", tmp_path / "dup", tmp_path / "broken"
     for d in (good, dup, broken):
         d.mkdir()
@@ -50,6 +50,12 @@ def test_check_gives_each_history_its_verdict_and_the_worst_exit_status(tmp_path
     lines = sends_and_reads([(0, 1), (1, 2)])
     (broken / "history.jsonl").write_text(
         "\n".join(json.dumps(line) for line in lines[:3]) + "\n{not json\n" + json.dumps(lines[4]) + "\n")
+    return good, dup, broken
+
+
+@pytest.mark.parametrize("engine", ["spark", "python"])
+def test_check_gives_each_history_its_verdict_and_the_worst_exit_status(tmp_path, engine):
+    good, dup, broken = good_dup_broken(tmp_path)
 
     proc = subprocess.run([sys.executable, "-m", "faultline.runner.cli", "check", str(good), str(dup),
                            str(broken), "--no-progress", "--engine", engine], cwd=REPO, capture_output=True,
