@@ -9,8 +9,9 @@ every class it loaded when it exits; later checks' drivers start with `-XX:Share
 (session.get_session).
 
 In: nothing (`build()`), or the environment of a check (`options()`). Out: the archive at
-`path()`, in the cache folder, keyed by the pyspark version and the `java` binary, so another
-Spark or Java gets another archive; and the JVM options a check's driver gets. An archive the JVM
+`path()`, in the cache folder, keyed by the pyspark version and installation and the `java`
+binary, so another Spark, checkout or Java gets another archive (one unused for UNUSED_DAYS is
+removed when another is built); and the JVM options a check's driver gets. An archive the JVM
 cannot use (another build, another class path, a damaged file) is ignored by the JVM without a
 word: the check then only runs as it would without one.
 
@@ -56,8 +57,17 @@ def path() -> Path | None:
     if java is None:
         return None
     st = java.stat()
-    key = hashlib.sha256(f"{pyspark.__version__}\0{java}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()
+    # The JVM takes an archive only with the class path it was built with: the jars of this pyspark
+    # installation (another checkout's .venv has its own).
+    jars = Path(pyspark.__file__).resolve().parent
+    key = hashlib.sha256(f"{pyspark.__version__}\0{jars}\0{java}\0{st.st_size}\0{st.st_mtime_ns}".encode()
+                         ).hexdigest()
     return cache_root() / f"classes-{pyspark.__version__}-{key[:16]}.jsa"
+
+
+# An archive no check has used for this long is removed when another is built (each checkout's
+# .venv gets one of about 170 MB).
+UNUSED_DAYS = 7
 
 
 def options() -> list[str]:
@@ -69,7 +79,15 @@ def options() -> list[str]:
     if os.environ.get(USE_ENV) == "0":
         return []
     archive = path()
-    return [f"-XX:SharedArchiveFile={archive}"] if archive is not None and archive.is_file() else []
+    if archive is None or not archive.is_file():
+        return []
+    try:
+        os.utime(archive)  # in use: see UNUSED_DAYS
+    except OSError:
+        pass
+    # The JVM's own warnings to stderr, not stdout (its default), which is the check's; and none for
+    # an archive it cannot use (it then only starts slower).
+    return [f"-XX:SharedArchiveFile={archive}", "-Xlog:disable", "-Xlog:all=warning,cds=off,cds+dynamic=off:stderr"]
 
 
 def build(force: bool = False, progress=print) -> Path | None:
@@ -84,6 +102,10 @@ def build(force: bool = False, progress=print) -> Path | None:
         progress(f"class archive: {archive} is there already")
         return archive
     archive.parent.mkdir(parents=True, exist_ok=True)
+    for other in archive.parent.glob("classes-*.jsa"):
+        if other != archive and time.time() - other.stat().st_mtime > UNUSED_DAYS * 86400:
+            other.unlink(missing_ok=True)
+            progress(f"class archive: removed {other}, unused for {UNUSED_DAYS} days")
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="faultline-archive-") as tmp:
         store = Path(tmp) / "run"

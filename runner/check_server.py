@@ -14,10 +14,11 @@ has also written results.json and report.html, as an in-process check would) or
 than the server's is refused (`{"refused": why}`); the client then checks in its own process.
 
 Status and stop requests are answered at once; checks are served one at a time, in the order
-they come. The server exits after
+they come, and a queued client hears every second where it stands. The server exits after
 `idle_timeout` seconds without a request, on a stop request, or on SIGTERM/SIGINT, and removes
-its socket. The client side (`checked_by_server`) falls back to checking in its own process when
-no server answers, or when the server goes away during a check.
+its socket. The client side (`checked_by_server`) gives up, and the check runs in the client's
+own process, when no server answers, when the server fails the check, goes away during it, or
+says nothing for SILENCE_LIMIT seconds.
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ from ..control.wait import wait_until
 
 SOCKET_ENV = "FAULTLINE_CHECK_SERVER"
 SILENCE_LIMIT = 120.0
-DEFAULT_IDLE_TIMEOUT = 900.0
 log = logging.getLogger("faultline.check_server")
 
 
@@ -53,10 +53,6 @@ def socket_path() -> Path:
 
 def log_path(sock: Path) -> Path:
     return sock.with_name(sock.name + ".log")
-
-
-class ServerGone(Exception):
-    """The server closed the connection before it answered."""
 
 
 def _connect(sock: Path, timeout: float | None) -> socket.socket | None:
@@ -81,6 +77,15 @@ def _lines(conn: socket.socket):
 
 def _send(conn: socket.socket, message: dict) -> None:
     conn.sendall((json.dumps(message) + "\n").encode())
+
+
+def _tell(conn: socket.socket, message: dict) -> bool:
+    """The server's `_send`: False when the client has gone (what it asked is done all the same)."""
+    try:
+        _send(conn, message)
+        return True
+    except OSError:
+        return False
 
 
 def ask(message: dict, sock: Path | None = None, timeout: float | None = 10.0) -> dict | None:
@@ -227,24 +232,23 @@ class Server:
             conn.close()
             return
         op = request.get("op") if isinstance(request, dict) else None
-        try:
-            if op == "check":
-                conn.settimeout(None)
-                with self.lock:
-                    self.busy += 1
-                    self.waiting.append(conn)
-                self.queue.put((conn, request))
-                return
+        if op == "check":
+            # A client that stops reading (suspended, say) is taken for gone after this long, rather
+            # than holding up the checks behind its own.
+            conn.settimeout(30.0)
+            with self.lock:
+                self.busy += 1
+                self.waiting.append(conn)
+            self.queue.put((conn, request))
+            return
+        with conn:
             if op == "status":
-                _send(conn, self.status())
+                _tell(conn, self.status())
             elif op == "stop":
                 self.stopping = True
-                _send(conn, {"stopping": os.getpid()})
+                _tell(conn, {"stopping": os.getpid()})
             else:
-                _send(conn, {"error": f"unknown request {op!r}"})
-        except OSError:
-            pass
-        conn.close()
+                _tell(conn, {"error": f"unknown request {op!r}"})
 
     def _tell_waiting(self) -> None:
         """Every second, tell each queued check's client where it stands (a client takes a long silence
@@ -252,41 +256,28 @@ class Server:
         while not self.stopping:
             with self.lock:
                 for ahead, conn in enumerate(self.waiting, start=1):
-                    try:
-                        _send(conn, {"progress": f"queued at the check server behind {ahead} check(s)"})
-                    except OSError:
-                        pass  # the client went away; the worker finds out when it gets there
+                    _tell(conn, {"progress": f"queued at the check server behind {ahead} check(s)"})
             time.sleep(1.0)
 
     def _work(self) -> None:
-        """Serve the queued checks one at a time; those still queued when the server stops are told so."""
+        """Serve the queued checks one at a time; those queued when the server stops are told so, for
+        their clients to check in their own processes."""
         while (item := self.queue.get()) is not None:
             conn, request = item
             with self.lock:
                 self.waiting.remove(conn)
             with conn:
-                try:
-                    if self.stopping:
-                        _send(conn, {"error": "the check server is stopping"})
-                    else:
-                        self._check(conn, request)
-                except OSError:
-                    pass  # the client went away; what it asked was still done
+                if self.stopping:
+                    _tell(conn, {"error": "the check server is stopping"})
+                else:
+                    self._check(conn, request)
             with self.lock:
                 self.busy -= 1
             self.last = time.monotonic()
-        while not self.queue.empty():
-            item = self.queue.get()
-            if item is not None:
-                with item[0] as conn:
-                    try:
-                        _send(conn, {"error": "the check server is stopping"})
-                    except OSError:
-                        pass
 
     def _check(self, conn: socket.socket, request: dict) -> None:
         if request.get("spark_master") != self.master:
-            _send(conn, {"refused": f"this server runs Spark {self.master}, not {request.get('spark_master')}"})
+            _tell(conn, {"refused": f"this server runs Spark {self.master}, not {request.get('spark_master')}"})
             return
         state = {"what": "checking"}
         done, gone = threading.Event(), threading.Event()
@@ -294,8 +285,10 @@ class Server:
         def beat() -> None:
             while not done.wait(1.0):
                 try:
-                    _send(conn, {"progress": f"{state['what']}: {self._spark_status(self.spark)} (check server)"})
-                except OSError:
+                    stage = self._spark_status(self.spark)
+                except Exception:  # noqa: BLE001 - the check itself will say what became of Spark
+                    stage = "Spark does not answer"
+                if not _tell(conn, {"progress": f"{state['what']}: {stage} (check server)"}):
                     gone.set()
                     return
 
@@ -319,7 +312,7 @@ class Server:
         self.served += 1
         self.say(f"check server: checked {len(request['paths'])} path(s) in {time.monotonic() - started:.1f} s"
                  + ("; the client had gone" if gone.is_set() else ""))
-        _send(conn, answer)
+        _tell(conn, answer)
 
 
     def _spark_alive(self) -> bool:
@@ -366,9 +359,18 @@ def start(spark_master: str, idle_timeout: float, warm_up: bool, say: Callable[[
                                 start_new_session=True, env={**os.environ, SOCKET_ENV: str(sock)})
     say(f"check server: starting (pid {proc.pid}): Spark, then {WARM_UP_CHECKS if warm_up else 'no'} warm-up "
         f"checks; log {logfile}")
+    told: set[str] = set()
+
+    def started() -> bool:
+        # The warm-up's steps, as the server logs them: starting takes half a minute.
+        for line in logfile.read_text(errors="replace").splitlines():
+            if line.startswith("warm-up check") and line not in told:
+                told.add(line)
+                say(f"check server: {line}")
+        return proc.poll() is not None or ask({"op": "status"}, sock, 2.0) is not None
+
     try:
-        wait_until(lambda: proc.poll() is not None or ask({"op": "status"}, sock, 2.0), timeout,
-                   f"the check server did not answer at {sock}")
+        wait_until(started, timeout, f"the check server did not answer at {sock}", interval=0.5)
     except TimeoutError as exc:
         proc.terminate()
         say(f"check server: not started: {exc}; its log: {logfile}")
