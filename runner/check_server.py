@@ -104,6 +104,12 @@ def ask(message: dict, sock: Path | None = None, timeout: float | None = 10.0) -
         conn.close()
 
 
+def serving(spark_master: str) -> dict | None:
+    """The status of the server when one runs with `spark_master` (so it would take a check), else None."""
+    answer = ask({"op": "status"})
+    return answer if answer is not None and answer.get("spark_master") == spark_master else None
+
+
 def checked_by_server(paths: list[str | Path], spark_master: str, model: str | None, report: bool,
                       progress: Callable[[str], None] | None = None) -> list[Checked] | None:
     """The check of `paths` by the server, or None when no server takes it (none runs, another

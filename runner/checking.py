@@ -45,10 +45,9 @@ def start_spark_early(spark_master: str, history: Path) -> threading.Thread:
     here is only logged: the check starts the session again and reports why it cannot."""
     def start() -> None:
         from ..history_analysis.session import get_session
-        from .check_server import ask
+        from .check_server import serving
 
-        answer = ask({"op": "status"})
-        if answer is not None and answer.get("spark_master") == spark_master:
+        if serving(spark_master) is not None:
             return
 
         try:
@@ -82,10 +81,10 @@ def check_with_progress(paths: list[str | Path], spark_master: str, model: str |
         state["what"] = text
 
     if server:
-        from .check_server import ask, checked_by_server, socket_path
+        from .check_server import checked_by_server, serving, socket_path
 
-        running = ask({"op": "status"})
-        if running is not None and running.get("spark_master") == spark_master:
+        running = serving(spark_master)
+        if running is not None:
             with Progress(describe) if show_progress else nullcontext():
                 state["server"] = f"sent to the check server (pid {running['pid']})"
                 checked = checked_by_server(paths, spark_master, model, report,
