@@ -315,44 +315,55 @@ def _facts(history: Histories) -> DataFrame:
     offset), `passed_any` and `first_missing` (per value: a poll passed an acknowledged send of it;
     (late, op, pos) of its first acknowledged send the complete final log lacks).
 
-    Three sorts inside the key partitions: by offset of the log (descending), by rank, by value.
+    No window spans a key's events: a window holds each of its groups whole in one buffer, and a
+    key of a long history has millions of events, which spilled in thousands of pieces that
+    could not be read back within the heap (10M operations, 20 keys: out of memory). What is per
+    key is an aggregate joined back (broadcast: a row per key); what is per offset of the log
+    is an aggregate, then windows over those narrow rows (one per distinct offset), joined back
+    by (key, offset). Both joins and every aggregate keep the events' partitioning by key: one
+    sort by (key, offset) and one by (key, value) inside the key partitions.
     """
+    keyed = ["_fid", "key"]
     events = (_events(history).join(F.broadcast(_took_effect(history)), ["_fid", "op"], "left")
               .selectExpr("*", "kind = 's' AND offset IS NOT NULL AND (type = 'ok' OR (type = 'info' "
                                "AND (plain OR coalesce(took_effect, false)))) AS acked")
-              .drop("took_effect", "plain"))
-    whole = "ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING"
-    desc = "PARTITION BY _fid, key ORDER BY lo DESC NULLS LAST"
-    by_rank = "PARTITION BY _fid, key ORDER BY rank"
-    # The i-th distinct offset above a row's: the offset of rank - i (ranks are small numbers,
-    # so the frame's bounds cannot overflow as offsets near the ends of 64 bits would).
-    nexts = ", ".join(f"min(lo) OVER ({by_rank} RANGE BETWEEN {i} PRECEDING AND {i} PRECEDING)"
-                      for i in range(1, SKIPPED_SHOWN + 1))
-    by_value = "OVER (PARTITION BY _fid, key, value)"
-    facts = (
-        events.selectExpr("*", f"CASE WHEN {_LOG} THEN offset END AS lo")
-        .selectExpr(
-            "*", f"CASE WHEN lo IS NOT NULL THEN dense_rank() OVER ({desc}) END AS rank",
-            f"max(lo) OVER ({desc} {whole}) AS known",
-            f"max(CASE WHEN kind = 'a' THEN struct(op, process) END) OVER ({desc} {whole}) AS start",
-            f"max(CASE WHEN kind = 'e' THEN struct(op, offset) END) OVER ({desc} {whole}) AS end_at")
-        .selectExpr("*", "end_at.offset AS final_end",
-                    "coalesce(kind = 'r' AND process = start.process AND op > start.op, false) AS final",
-                    f"max(CASE WHEN lo IS NOT NULL AND op > start.op THEN lo END) OVER ({desc} {whole}) AS late")
-        .drop("end_at")
-        # The final chain's records are in the log: per offset, they share a rank.
-        .selectExpr("*", f"array({nexts}) AS nexts",
-                    # lost-write: the earliest ok poll that returned a higher offset than an acknowledged send's.
-                    f"CASE WHEN acked THEN min(CASE WHEN kind = 'r' AND type = 'ok' THEN struct(op, offset) END) "
-                    f"OVER ({by_rank} RANGE BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) END AS passed",
-                    # The chain's consumer found the end past records it never returns (markers).
-                    f"max(CASE WHEN final THEN offset WHEN kind = 'p' AND process = start.process AND op > start.op "
-                    f"THEN offset - 1 END) OVER ({by_rank} {whole}) AS read_max",
-                    "collect_set(CASE WHEN final THEN value END) OVER (PARTITION BY _fid, key, rank) AS fvalues",
-                    "min(CASE WHEN final THEN struct(op, value) END) OVER (PARTITION BY _fid, key, rank) AS ffirst",
+              .drop("took_effect", "plain")
+              .selectExpr("*", f"CASE WHEN {_LOG} THEN offset END AS lo"))
+    # Read by four queries below; each would otherwise explode and shuffle the operations again.
+    events = base = materialise(events)
+    per_key = (events.groupBy(*keyed)
+               .agg(F.expr("max(lo) AS known"),
+                    F.expr("max(CASE WHEN kind = 'a' THEN struct(op, process) END) AS start"),
+                    F.expr("max(CASE WHEN kind = 'e' THEN struct(op, offset) END) AS end_at"))
+               .selectExpr(*keyed, "known", "start", "end_at.offset AS final_end"))
+    events = (events.join(F.broadcast(per_key), keyed)
+              .selectExpr("*", "coalesce(kind = 'r' AND process = start.process AND op > start.op, false) AS final"))
+    chain = (events.groupBy(*keyed)
+             .agg(F.expr("max(CASE WHEN lo IS NOT NULL AND op > start.op THEN lo END) AS late"),
+                  # The chain's consumer found the end past records it never returns (markers).
+                  F.expr("max(CASE WHEN final THEN offset WHEN kind = 'p' AND process = start.process "
+                         "AND op > start.op THEN offset - 1 END) AS read_max")))
+    desc = "OVER (PARTITION BY _fid, key ORDER BY lo DESC"
+    # The final chain's records are in the log: per offset, they share a rank.
+    offsets = (events.filter("lo IS NOT NULL").groupBy(*keyed, "lo")
+               .agg(F.expr("collect_set(CASE WHEN final THEN value END) AS fvalues"),
+                    F.expr("min(CASE WHEN final THEN struct(op, value) END) AS ffirst"),
                     # Only an offset holding two values can be inconsistent or reused.
-                    "min(CASE WHEN lo IS NOT NULL THEN value END) OVER (PARTITION BY _fid, key, rank) AS omin",
-                    "max(CASE WHEN lo IS NOT NULL THEN value END) OVER (PARTITION BY _fid, key, rank) AS omax")
+                    F.expr("min(value) AS omin"), F.expr("max(value) AS omax"),
+                    F.expr("min(CASE WHEN kind = 'r' AND type = 'ok' THEN struct(op, offset) END) AS polled"))
+               .selectExpr(*keyed, "lo", "fvalues", "ffirst", "omin", "omax",
+                           f"dense_rank() {desc}) AS rank",
+                           "array(" + ", ".join(f"lag(lo, {i}) {desc})" for i in range(1, SKIPPED_SHOWN + 1))
+                           + ") AS nexts",
+                           # lost-write: the earliest ok poll that returned a higher offset.
+                           f"min(polled) {desc} ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS passed"))
+    by_value = "OVER (PARTITION BY _fid, key, value)"
+    no_nexts = "array(" + ", ".join(repeat("CAST(NULL AS BIGINT)", SKIPPED_SHOWN)) + ")"
+    facts = (
+        events.join(F.broadcast(chain), keyed).join(offsets, [*keyed, "lo"], "left")
+        .selectExpr(*events.columns, "late", "read_max", "rank", f"coalesce(nexts, {no_nexts}) AS nexts",
+                    "CASE WHEN acked THEN passed END AS passed",
+                    "coalesce(fvalues, CAST(array() AS ARRAY<BIGINT>)) AS fvalues", "ffirst", "omin", "omax")
         .selectExpr("*", f"start IS NOT NULL AND {_READ_TO} >= coalesce(final_end, {_KNOWN_END}) "
                          f"AND {_READ_TO} >= {_LATE_END} AS complete")
         .selectExpr(
@@ -382,7 +393,9 @@ def _facts(history: Histories) -> DataFrame:
             f"min(CASE WHEN acked AND complete AND final_end IS NOT NULL AND NOT array_contains(fvalues, value) "
             f"THEN struct(NOT completed AS late, op, pos) END) {by_value} AS first_missing")
     )
-    return materialise(facts)
+    facts = materialise(facts)
+    release(base)
+    return facts
 
 
 def _witness(kind: str, df: DataFrame, fields: str, s1: str, s3: str, weight: str = "1") -> DataFrame:

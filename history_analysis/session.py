@@ -129,6 +129,8 @@ def get_session(master: str = "local[2]", shuffle_partitions: int = 4, app_name:
         # The cache holds a history's parsed lines only while it is loaded: building compressed
         # columns took a tenth of loading 1M operations (33.6-37.1 s, 30.5-32.5 s without).
         .config("spark.sql.inMemoryColumnarStorage.compressed", "false")
+        # A join by (key, offset) of two sides already partitioned by key needs no shuffle.
+        .config("spark.sql.requireAllClusterKeysForCoPartition", "false")
         .config("spark.driver.extraJavaOptions",
                 " ".join([f"-Dlog4j2.configurationFile=file:{_log4j_file()}", *java_options(inputs),
                           *class_archive.options()]))
@@ -139,6 +141,7 @@ def get_session(master: str = "local[2]", shuffle_partitions: int = 4, app_name:
     spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions))
     spark.conf.set("spark.sql.adaptive.enabled", "false")
     spark.conf.set("spark.sql.inMemoryColumnarStorage.compressed", "false")
+    spark.conf.set("spark.sql.requireAllClusterKeysForCoPartition", "false")
     return spark
 
 
