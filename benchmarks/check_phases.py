@@ -4,8 +4,8 @@ session.
 The phases, in the order `faultline check` runs them: the session (JVM start), reading and
 validating the history (load_history: parsing with the line checks, pairing completions with
 invocations, the operations table), the facts (one shuffle by key and its windows), every witness
-in one job, the dependency edges and the cycle-search hubs (computed, then brought to Python
-and sorted), and the cycle search. Each Spark phase is forced by an action of its own, so a
+in one job, the dependency edges and the cycle-search hubs (computed, then brought to Python as
+Arrow columns and sorted), and the cycle search. Each Spark phase is forced by an action of its own, so a
 figure is that phase's work alone; a scan of the whole facts table shows what reading them again
 costs. Prints one JSON line per phase (seconds, and the Spark jobs it ran), then the total.
 
@@ -18,14 +18,13 @@ import argparse
 import json
 import sys
 import time
-from itertools import repeat
 
 from pyspark.sql import SparkSession
 
 from faultline.checker.cycles import add_cycles
 from faultline.history_analysis import anomalies as A
 from faultline.history_analysis.load import file_size, load_histories
-from faultline.history_analysis.result import Analysis
+from faultline.history_analysis.result import DEPENDENCY_COLUMNS, HUB_COLUMNS, Analysis
 from faultline.history_analysis.session import get_session, sized_for
 
 
@@ -58,12 +57,11 @@ def main() -> int:
         timed("scan of every fact column", lambda: facts.selectExpr("sum(hash(*))").collect())
         timed("witnesses", lambda: A._all_witnesses(spark, history, facts).selectExpr("count(json)").collect())
         edges, hubs = A._dependencies(facts)
-        timed("edges, computed", lambda: edges.selectExpr("sum(size(src))").collect())
-        rows = timed("edges, computed and collected", edges.collect)
-        deps = timed("edges, unpacked and sorted in Python", lambda: sorted(
-            e for r in rows for e in zip(r["src"], r["dst"], repeat(r["kind"]), repeat(r["key"]))))
-        hub_rows = timed("hubs, computed and collected", hubs.collect)
-        hub_list = sorted(h for r in hub_rows for h in zip(r["op"], r["invoke"], map(str, r["process"]), r["type"]))
+        timed("edges, computed", lambda: edges.selectExpr("count(src)").collect())
+        deps = timed("edges, computed and collected as Arrow columns",
+                     lambda: A._collected(edges, DEPENDENCY_COLUMNS, ("kind", "key"), [0])[0])
+        hub_list = timed("hubs, computed and collected as Arrow columns",
+                         lambda: A._collected(hubs, HUB_COLUMNS, ("process", "type"), [0])[0])
         timed("cycle search", lambda: add_cycles(Analysis(counts={}, examples={}, stats={}, notes=[],
                                                          dependencies=deps, hubs=hub_list)))
     print(json.dumps({"phase": "total", "seconds": round(total, 1)}), flush=True)

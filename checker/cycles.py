@@ -40,15 +40,16 @@ lists each once). With `full_dir`, every witness goes to
 
 from __future__ import annotations
 
-import bisect
 import json
+from itertools import repeat
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
 import networkx as nx
+import numpy as np
 
-from ..history_analysis.result import Analysis, witness_json
+from ..history_analysis.result import DEPENDENCY_COLUMNS, HUB_COLUMNS, Analysis, Columns, witness_json
 from ..models.anomaly_types import CYCLES, names
 
 BASE_KINDS = ("ww", "wr")
@@ -100,32 +101,53 @@ def _components(g: nx.DiGraph) -> list[list[int]]:
     return sorted(sorted(c) for c in nx.strongly_connected_components(g) if len(c) >= 2)
 
 
-def order_edges(hubs, order: str) -> list[tuple[int, int, str, None]]:
-    """Process or real-time order between hubs, as edges; real-time ones pass through time points,
-    which are negative numbers (-1, -2, ... in completion order)."""
-    edges: list[tuple[int, int, str, None]] = []
+def _order_ends(hubs: Columns, order: str) -> tuple[np.ndarray, np.ndarray]:
+    """Process or real-time order between hubs, as the (src, dst) arrays of its edges; real-time
+    ones pass through time points, which are negative numbers (-1, -2, ... in completion order).
+    Edges come in the order a walk over the hubs would give them (by process, each by invocation;
+    then the chain of time points, then into each hub), since networkx's answers follow the order
+    edges were added in."""
+    op, invoke = hubs.ints("op"), hubs.ints("invoke")
+    types, labels = hubs.codes("type")
+    ok = types == labels.index("ok") if "ok" in labels else np.zeros(len(op), dtype=bool)
+    n = len(op)
     if order == "process":
-        by_process: dict[str, list] = {}
-        for op, invoke, process, type_ in sorted(hubs, key=lambda h: h[1]):
-            by_process.setdefault(process, []).append((op, type_))
-        for ops in by_process.values():
-            last_ok = None
-            for op, type_ in ops:
-                if last_ok is not None:
-                    edges.append((last_ok, op, "process", None))
-                if type_ == "ok":
-                    last_ok = op
-        return edges
-    completions = sorted(op for op, _, _, type_ in hubs if type_ == "ok")
-    for i, op in enumerate(completions):
-        edges.append((op, -(i + 1), "realtime", None))
-        if i + 1 < len(completions):
-            edges.append((-(i + 1), -(i + 2), "realtime", None))
-    for op, invoke, _, _ in hubs:
-        before = bisect.bisect_left(completions, invoke)  # completions earlier than the invocation
-        if before:
-            edges.append((-before, op, "realtime", None))
-    return edges
+        process, names = hubs.codes("process")
+        by_invoke = np.argsort(invoke, kind="stable")
+        place = np.empty(n, dtype=np.int64)
+        place[by_invoke] = np.arange(n)
+        # Processes in the order they first appear by invocation, each process's hubs by invocation.
+        first = np.full(len(names), n, dtype=np.int64)
+        np.minimum.at(first, process, place)
+        index = np.lexsort((place, first[process]))
+        ops, oks, group = op[index], ok[index], process[index]
+        position = np.arange(n)
+        last_ok = np.maximum.accumulate(np.where(oks, position, -1))
+        before = np.concatenate(([-1], last_ok[:-1]))
+        group_start = np.maximum.accumulate(np.where(np.r_[True, group[1:] != group[:-1]], position, 0))
+        follows = before >= group_start
+        return ops[before[follows]], ops[follows]
+    completions = np.sort(op[ok])
+    count = len(completions)
+    points = -np.arange(1, count + 1, dtype=np.int64)
+    chain_src = np.empty(max(2 * count - 1, 0), dtype=np.int64)
+    chain_dst = np.empty_like(chain_src)
+    chain_src[0::2], chain_dst[0::2] = completions, points  # each completion to its time point
+    chain_src[1::2], chain_dst[1::2] = points[:-1], points[1:]  # each time point to the next
+    earlier = np.searchsorted(completions, invoke, side="left")  # completions before the invocation
+    entered = earlier > 0
+    return np.concatenate((chain_src, -earlier[entered])), np.concatenate((chain_dst, op[entered]))
+
+
+def _hubs(hubs) -> Columns:
+    return Columns.from_rows(HUB_COLUMNS, hubs, texts=("process", "type"))
+
+
+def order_edges(hubs, order: str) -> list[tuple[int, int, str, None]]:
+    """Process or real-time order between hubs (rows or Columns of HUB_COLUMNS), as edges (see
+    _order_ends)."""
+    src, dst = _order_ends(_hubs(hubs), order)
+    return list(zip(src.tolist(), dst.tolist(), repeat(order), repeat(None)))
 
 
 def _walk(sub: nx.DiGraph, start: int, *through: tuple[int, int]) -> list[int]:
@@ -156,23 +178,32 @@ def _order_witness(g: nx.DiGraph, walk: list[int], order: str, size: int) -> dic
     return {"size": size, "ops": ops, "steps": steps}
 
 
+def _ends(edges) -> tuple[np.ndarray, np.ndarray]:
+    """The (src, dst) arrays of edges given as rows (src, dst, ...), Columns, or the arrays."""
+    if isinstance(edges, Columns):
+        return edges.ints("src"), edges.ints("dst")
+    if isinstance(edges, tuple) and len(edges) == 2 and isinstance(edges[0], np.ndarray):
+        return edges
+    # Ends read column by column with C-level iterators (a generator over every edge's ends took
+    # half of this function on 7M edges).
+    return (np.fromiter(map(itemgetter(0), edges), dtype=np.int64, count=len(edges)),
+            np.fromiter(map(itemgetter(1), edges), dtype=np.int64, count=len(edges)))
+
+
 def on_cycles(edge_lists) -> set[int]:
     """The nodes of every strongly connected component of two or more nodes, over all the edges
-    given: every cycle of any subset of them lies inside. In compiled code (scipy), since a
-    history of millions of operations has millions of edges and, when it is valid, no cycle."""
-    import numpy as np
+    given (each list: rows, Columns or (src, dst) arrays): every cycle of any subset of them lies
+    inside. In compiled code (scipy), since a history of millions of operations has millions of
+    edges and, when it is valid, no cycle."""
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 
-    count = sum(len(edges) for edges in edge_lists)
+    ends = [_ends(edges) for edges in edge_lists]
+    count = sum(len(src) for src, _ in ends)
     if count == 0:
         return set()
-    # Ends read column by column with C-level iterators (a generator over every edge's ends took
-    # half of this function on 7M edges).
-    src = np.concatenate([np.fromiter(map(itemgetter(0), edges), dtype=np.int64, count=len(edges))
-                          for edges in edge_lists])
-    dst = np.concatenate([np.fromiter(map(itemgetter(1), edges), dtype=np.int64, count=len(edges))
-                          for edges in edge_lists])
+    src = np.concatenate([s for s, _ in ends])
+    dst = np.concatenate([d for _, d in ends])
     lo = int(min(src.min(), dst.min()))
     span = int(max(src.max(), dst.max())) - lo + 1  # in Python's integers: it may pass 64 bits
     if span <= 4 * count:
@@ -241,12 +272,21 @@ def search(edges, hubs=None, orders: dict[str, list] | None = None) -> dict[str,
 
 def add_cycles(analysis: Analysis, limit: int = 32, full_dir: str | Path | None = None) -> Analysis:
     """Count every cycle type, keep `limit` examples of each, and write their full lists."""
-    orders = {order: order_edges(analysis.hubs, order) for order in ("process", "realtime")}
+    dependencies = Columns.from_rows(DEPENDENCY_COLUMNS, analysis.dependencies, texts=("kind", "key"))
+    hubs = _hubs(analysis.hubs)
+    ends = {order: _order_ends(hubs, order) for order in ("process", "realtime")}
     # Only operations on some cycle of the union of all edges can be on a cycle of any type;
-    # networkx, which keeps Python objects per edge, sees just those.
-    keep = on_cycles([analysis.dependencies, *orders.values()])
-    deps = [e for e in analysis.dependencies if e[0] in keep and e[1] in keep]
-    orders = {o: [e for e in es if e[0] in keep and e[1] in keep] for o, es in orders.items()}
+    # networkx, which keeps Python objects per edge, sees just those (of a valid history: none).
+    keep = np.fromiter(on_cycles([dependencies, *ends.values()]), dtype=np.int64)
+
+    def kept(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        return np.isin(src, keep) & np.isin(dst, keep)
+
+    deps = list(dependencies.take(kept(*_ends(dependencies)))) if len(keep) else []
+    orders = {}
+    for order, (src, dst) in ends.items():
+        inside = kept(src, dst) if len(keep) else np.zeros(len(src), dtype=bool)
+        orders[order] = list(zip(src[inside].tolist(), dst[inside].tolist(), repeat(order), repeat(None)))
     found = search(deps, orders=orders)
     for kind, witnesses in found.items():
         witnesses.sort(key=lambda w: (min(w["ops"]), witness_json(w)))

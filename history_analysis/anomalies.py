@@ -164,6 +164,7 @@ from functools import reduce
 from itertools import repeat
 from pathlib import Path
 
+import numpy as np
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -172,7 +173,8 @@ from ..models.history import HistoryError
 from .load import Histories, file_size, load_histories
 from .ownership import TYPE as OWNERSHIP
 from .ownership import Call, End, overlaps, typed_entries
-from .result import SKIPPED_SHOWN, TYPES, UNEXPECTED_OPS, UNSEEN_VALUES, Analysis, unjudged_note, witness_json
+from .result import (DEPENDENCY_COLUMNS, HUB_COLUMNS, SKIPPED_SHOWN, TYPES, UNEXPECTED_OPS, UNSEEN_VALUES, Analysis,
+                     Columns, unjudged_note, witness_json)
 from .session import materialise, release, sized_for
 
 __all__ = ["TYPES", "Analysis", "analyse", "analyse_many"]
@@ -725,27 +727,13 @@ def _operation_stats(history: Histories) -> list[DataFrame]:
     ]
 
 
-# Rows of results collected into Python travel packed into arrays, this many per key and kind (or
-# in all, for the hubs): a row per dependency would cost the driver far more than the query.
-_CHUNKS = 16
-
-
 def _dependencies(facts: DataFrame) -> tuple[DataFrame, DataFrame]:
     """The write-write and write-read dependencies between operations (result.DEPENDENCIES), and
-    the operations that can lie on a cycle (the hubs), packed for collecting.
+    the operations that can lie on a cycle (the hubs), as flat tables for collecting as Arrow.
 
-    Edges: rows of key, kind ('ww' or 'wr'), and arrays src, dst (operations; sorted by src, then
-    dst); hubs: rows of arrays op, invoke, process, type (sorted by op). The edges are found and
-    packed inside the key partitions; only the hubs, an operation's question across keys, are
-    shuffled (by operation, then to their chunks)."""
-
-    # Packed with collect_list of distinct rows: collect_set does not always tell equal structs
-    # apart from their representations (it kept an edge twice in a test).
-    def packed(edges: DataFrame, kind: str) -> DataFrame:
-        return (edges.groupBy("_fid", "key", F.expr(f"pmod(hash(src, dst), {_CHUNKS})").alias("chunk"))
-                .agg(F.array_sort(F.collect_list(F.struct("src", "dst"))).alias("e"))
-                .selectExpr("_fid", "key", f"'{kind}' AS kind", "e.src AS src", "e.dst AS dst"))
-
+    Edges: rows of _fid and DEPENDENCY_COLUMNS; hubs: rows of _fid and HUB_COLUMNS (process as
+    text). The edges are found inside the key partitions; only the hubs, an operation's question
+    across keys, are shuffled (by operation)."""
     # A writer of key k: an operation of any outcome with a send whose position is known (and, if
     # unacknowledged, of a value no other operation sent); its position in k is the lowest of its
     # sends', and none when that offset holds another value too; each to the next (by position,
@@ -766,11 +754,10 @@ def _dependencies(facts: DataFrame) -> tuple[DataFrame, DataFrame]:
                                     "ELSE array() END) AS src")
           .filter("src != dst").select("_fid", "key", "src", "dst").distinct())
     hubs = (facts.filter("kind = 'r' OR (kind = 's' AND at IS NOT NULL)")
-            .select("_fid", "op", "invoke", "process", "type").distinct()
-            .groupBy("_fid", F.expr(f"pmod(op, {_CHUNKS})").alias("chunk"))
-            .agg(F.array_sort(F.collect_list(F.struct("op", "invoke", "process", "type"))).alias("h"))
-            .selectExpr("_fid", "h.op AS op", "h.invoke AS invoke", "h.process AS process", "h.type AS type"))
-    return packed(ww, "ww").unionByName(packed(wr, "wr")), hubs
+            .selectExpr("_fid", "op", "invoke", "CAST(process AS STRING) AS process", "type").distinct())
+    edges = (ww.selectExpr("_fid", "src", "dst", "'ww' AS kind", "key")
+             .unionByName(wr.selectExpr("_fid", "src", "dst", "'wr' AS kind", "key")))
+    return edges, hubs
 
 
 def analyse(spark: SparkSession, path: str | os.PathLike, limit: int = 32, full_dir: str | os.PathLike | None = None
@@ -840,16 +827,9 @@ def _analyse(spark: SparkSession, paths: list[str], limit: int,
         for r in sorted(rows, key=lambda r: (r["_fid"], r["type"], r["rn"])):
             found[r["_fid"]].setdefault(r["type"], (int(r["total"]), int(r["rows"]), []))[2].append(r["json"])
         edges, hubs = _dependencies(facts)
-        dependencies: dict[int, list] = {fid: [] for fid in accepted}
-        for r in edges.collect():
-            dependencies[r["_fid"]].extend(zip(r["src"], r["dst"], repeat(r["kind"]), repeat(r["key"])))
-        hub_rows: dict[int, list] = {fid: [] for fid in accepted}
-        for r in hubs.collect():
-            hub_rows[r["_fid"]].extend(zip(r["op"], r["invoke"], map(str, r["process"]), r["type"]))
+        dependencies = _collected(edges, DEPENDENCY_COLUMNS, ("kind", "key"), accepted)
+        hub_rows = _collected(hubs, HUB_COLUMNS, ("process", "type"), accepted)
         for fid in accepted:
-            # Each packed row is sorted: the sorts merge runs.
-            dependencies[fid].sort()
-            hub_rows[fid].sort()
             out[fid] = _analysis(history, fid, found[fid], dependencies[fid], hub_rows[fid], limit)
             if full_dirs[fid] is not None:
                 _write_full(witnesses, fid, Path(full_dirs[fid]), found[fid], limit)
@@ -860,6 +840,27 @@ def _analyse(spark: SparkSession, paths: list[str], limit: int,
         if facts is not None:
             release(facts)
         history.unpersist()
+
+
+def _collected(df: DataFrame, names: tuple[str, ...], texts: tuple[str, ...], fids: list[int]
+               ) -> dict[int, Columns]:
+    """A table of `_fid` and `names` brought to Python through Arrow, as sorted Columns per
+    history (every one of `fids`, empty where it has no rows): no Python object per row."""
+    import pyarrow.compute as pc
+
+    table = df.toArrow()
+    cols = []
+    for name in names:
+        column = table.column(name)
+        if name in texts:
+            encoded = pc.dictionary_encode(column).combine_chunks()
+            cols.append((encoded.indices.to_numpy(zero_copy_only=False).astype(np.int32),
+                         tuple(encoded.dictionary.to_pylist())))
+        else:
+            cols.append(column.to_numpy().astype(np.int64))
+    every = Columns(names, cols, texts)
+    fid_of = table.column("_fid").to_numpy()
+    return {fid: every.take(fid_of == fid).sorted() for fid in fids}
 
 
 def _analysis(history: Histories, fid: int, found: dict[str, tuple[int, int, list[str]]], dependencies: list,

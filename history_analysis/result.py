@@ -5,14 +5,19 @@ and the checker can use them without starting a JVM).
 Out: `TYPES`, the anomaly types the engines find, in report order;
 `Analysis`, their result (counts, example witnesses, stats, notes); and
 `witness_order`, the order in which both engines list witnesses, so that
-their examples and their `anomalies/<type>.jsonl` files agree line for line.
+their examples and their `anomalies/<type>.jsonl` files agree line for line;
+`Columns`, rows of a table that grows with the history (an Analysis's
+dependencies and hubs) held as numpy columns.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from ..models.anomaly_types import ENGINE, names
 
@@ -24,6 +29,101 @@ SKIPPED_SHOWN = 5
 UNJUDGED_SHOWN = 8
 
 
+class Columns(Sequence):
+    """Rows held as columns: per column an int64 array, or for a text column (named in `texts`)
+    int32 codes into a tuple of labels. A history of millions of operations has tens of millions
+    of dependencies: as Python tuples they took gigabytes and most of a minute to build, as
+    columns a few bytes a row, and the cycle search works on the columns (checker/cycles.py).
+
+    In: column names, and per column its array (int) or (codes, labels) (text). Out: a sequence of
+    row tuples (ints and strs, as the Python engine's lists hold them; equal to such a list with
+    the same rows in the same order), `ints(name)`, `codes(name)`, `take(index)`, `sorted()`.
+    """
+
+    def __init__(self, names: tuple[str, ...], columns: list, texts: tuple[str, ...] = ()) -> None:
+        self.names, self.texts = tuple(names), tuple(texts)
+        self._cols = dict(zip(self.names, columns))
+        first = self._cols[self.names[0]]
+        self._len = len(first[0] if self.names[0] in self.texts else first)
+
+    @classmethod
+    def from_rows(cls, names: tuple[str, ...], rows, texts: tuple[str, ...] = ()) -> "Columns":
+        if isinstance(rows, Columns):
+            return rows
+        rows = list(rows)
+        cols = []
+        for i, name in enumerate(names):
+            values = [r[i] for r in rows]
+            if name in texts:
+                labels = tuple(dict.fromkeys(values))
+                number = {v: n for n, v in enumerate(labels)}
+                cols.append((np.fromiter((number[v] for v in values), dtype=np.int32, count=len(values)), labels))
+            else:
+                cols.append(np.array(values, dtype=np.int64).reshape(len(values)))
+        return cls(names, cols, texts)
+
+    def ints(self, name: str) -> np.ndarray:
+        return self._cols[name]
+
+    def codes(self, name: str) -> tuple[np.ndarray, tuple]:
+        return self._cols[name]
+
+    def take(self, index: np.ndarray) -> "Columns":
+        """The rows at `index` (positions, or a boolean mask), in its order."""
+        return Columns(self.names, [(c[0][index], c[1]) if n in self.texts else c[index]
+                                    for n, c in self._cols.items()], self.texts)
+
+    def sorted(self) -> "Columns":
+        """The rows in tuple order (texts by their labels' order)."""
+        keys = []
+        for name in reversed(self.names):
+            if name in self.texts:
+                codes, labels = self._cols[name]
+                rank = np.empty(len(labels), dtype=np.int64)
+                # None sorts nowhere among strs in Python; as a key it never occurs in a sorted list.
+                rank[sorted(range(len(labels)), key=lambda i: (labels[i] is not None, labels[i] or ""))] = \
+                    np.arange(len(labels))
+                keys.append(rank[codes] if len(labels) else codes)
+            else:
+                keys.append(self._cols[name])
+        return self.take(np.lexsort(keys)) if self._len else self
+
+    def _column_list(self, name: str, index) -> list:
+        if name in self.texts:
+            codes, labels = self._cols[name]
+            return [labels[c] for c in codes[index].tolist()]
+        return self._cols[name][index].tolist()
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return list(zip(*(self._column_list(n, index) for n in self.names)))
+        if index < 0:
+            index += self._len
+        if not 0 <= index < self._len:
+            raise IndexError(index)
+        return tuple(self._column_list(n, slice(index, index + 1))[0] for n in self.names)
+
+    def __iter__(self):
+        step = 1 << 16
+        for start in range(0, self._len, step):
+            yield from self[start:start + step]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, (Columns, list, tuple)):
+            return NotImplemented
+        return len(self) == len(other) and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return f"Columns({self.names}, {len(self)} rows)"
+
+
+DEPENDENCY_COLUMNS = ("src", "dst", "kind", "key")
+HUB_COLUMNS = ("op", "invoke", "process", "type")
+
+
 @dataclass
 class Analysis:
     counts: dict[str, int] = field(default_factory=dict)
@@ -32,10 +132,12 @@ class Analysis:
     notes: list[str] = field(default_factory=list)
     # Sorted (src op, dst op, 'ww' | 'wr', key): the dependency graph the checker
     # searches for G0 and G1c cycles (see DEPENDENCIES).
-    dependencies: list[tuple[int, int, str, str]] = field(default_factory=list)
+    # Either engine may hold them as Columns (DEPENDENCY_COLUMNS, texts kind and key).
+    dependencies: list[tuple[int, int, str, str]] | Columns = field(default_factory=list)
     # Sorted (op, invoke index, process, type) of every node of the dependency graph (see
     # DEPENDENCIES): what the process and real-time orders between them are built from.
-    hubs: list[tuple[int, int, str, str]] = field(default_factory=list)
+    # Or Columns (HUB_COLUMNS, texts process and type).
+    hubs: list[tuple[int, int, str, str]] | Columns = field(default_factory=list)
     # Per key, sorted by key, what the final reads showed (see FINAL_READS): dicts with key,
     # assign, end, read_to, known_end, late_end, complete, outcome.
     final_reads: list[dict[str, Any]] = field(default_factory=list)

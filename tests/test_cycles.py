@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 
 import networkx as nx
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from faultline.checker.check import check
-from faultline.checker.cycles import CYCLE_TYPES, ORDER_TYPES, SEARCH, add_cycles, on_cycles, search
+from faultline.checker.cycles import CYCLE_TYPES, ORDER_TYPES, SEARCH, add_cycles, on_cycles, order_edges, search
 from faultline.checker.explain import explain
-from faultline.history_analysis.result import Analysis
+from faultline.history_analysis.result import HUB_COLUMNS, Analysis, Columns
 from faultline.models.guarantees import model_for_settings, model_named
 from faultline.models.history import write_history
 from faultline.models.spec import DEFAULT_CONSUMER, DEFAULT_PRODUCER
@@ -223,6 +224,64 @@ def test_searching_only_operations_on_some_cycle_finds_what_a_search_of_everythi
     for kind, witnesses in search(edges, hubs).items():
         order = sorted(witnesses, key=lambda w: (min(w["ops"]), json.dumps(w, separators=(",", ":"))))
         assert fast.get(kind, []) == order, kind
+
+
+def walked_order_edges(hubs, order):
+    """Order edges by a walk over the hubs: per process (in order of first invocation), each hub
+    from the process's last ok one before it; or the chain of ok completions' time points, and
+    into each hub from the last time point before its invocation."""
+    edges = []
+    if order == "process":
+        by_process = {}
+        for op, invoke, process, type_ in sorted(hubs, key=lambda h: h[1]):
+            by_process.setdefault(process, []).append((op, type_))
+        for ops in by_process.values():
+            last_ok = None
+            for op, type_ in ops:
+                if last_ok is not None:
+                    edges.append((last_ok, op, "process", None))
+                if type_ == "ok":
+                    last_ok = op
+        return edges
+    completions = sorted(op for op, _, _, type_ in hubs if type_ == "ok")
+    for i, op in enumerate(completions):
+        edges.append((op, -(i + 1), "realtime", None))
+        if i + 1 < len(completions):
+            edges.append((-(i + 1), -(i + 2), "realtime", None))
+    for op, invoke, _, _ in hubs:
+        before = sum(1 for c in completions if c < invoke)
+        if before:
+            edges.append((-before, op, "realtime", None))
+    return edges
+
+
+@settings(max_examples=300, deadline=None)
+@given(history=ordered_histories(), order=st.sampled_from(["process", "realtime"]))
+def test_order_edges_from_columns_are_the_walks_edges_in_the_walks_order(history, order):
+    # networkx's answers (which cycle a witness shows) follow the order edges were added in.
+    _, hubs = history
+    assert order_edges(hubs, order) == walked_order_edges(hubs, order)
+    assert order_edges(Columns.from_rows(HUB_COLUMNS, hubs, texts=("process", "type")), order) == \
+        walked_order_edges(hubs, order)
+
+
+_hub_rows = st.lists(st.tuples(st.integers(-(2 ** 62), 2 ** 62), st.integers(0, 50),
+                               st.sampled_from(["0", "10", "9", "nemesis"]), st.sampled_from(["ok", "info", "fail"])),
+                     max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows=_hub_rows, data=st.data())
+def test_columns_hold_rows_as_a_list_of_tuples_would(rows, data):
+    table = Columns.from_rows(HUB_COLUMNS, rows, texts=("process", "type"))
+    assert table == rows and len(table) == len(rows) and list(table) == rows
+    assert table.sorted() == sorted(rows)
+    if rows:
+        i = data.draw(st.integers(-len(rows), len(rows) - 1))
+        assert table[i] == rows[i]
+        assert table[i:i + 3] == rows[i:i + 3]
+    mask = np.array(data.draw(st.lists(st.booleans(), min_size=len(rows), max_size=len(rows))), dtype=bool)
+    assert table.take(mask) == [r for r, m in zip(rows, mask) if m]
 
 
 # Node ids as operations (non-negative) and time points (negative) are, densely or sparsely spread:
