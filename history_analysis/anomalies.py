@@ -175,7 +175,7 @@ from .ownership import TYPE as OWNERSHIP
 from .ownership import Call, End, overlaps, typed_entries
 from .result import (DEPENDENCY_COLUMNS, HUB_COLUMNS, SKIPPED_SHOWN, TYPES, UNEXPECTED_OPS, UNSEEN_VALUES, Analysis,
                      Columns, unjudged_note, witness_json)
-from .session import materialise, release, sized_for
+from .session import materialise, release, settings, sized_for
 
 __all__ = ["TYPES", "Analysis", "analyse", "analyse_many"]
 
@@ -345,7 +345,7 @@ def _facts(history: Histories) -> DataFrame:
                   # The chain's consumer found the end past records it never returns (markers).
                   F.expr("max(CASE WHEN final THEN offset WHEN kind = 'p' AND process = start.process "
                          "AND op > start.op THEN offset - 1 END) AS read_max")))
-    desc = "OVER (PARTITION BY _fid, key ORDER BY lo DESC"
+    desc = "PARTITION BY _fid, key ORDER BY lo DESC"
     # The final chain's records are in the log: per offset, they share a rank.
     offsets = (events.filter("lo IS NOT NULL").groupBy(*keyed, "lo")
                .agg(F.expr("collect_set(CASE WHEN final THEN value END) AS fvalues"),
@@ -354,11 +354,11 @@ def _facts(history: Histories) -> DataFrame:
                     F.expr("min(value) AS omin"), F.expr("max(value) AS omax"),
                     F.expr("min(CASE WHEN kind = 'r' AND type = 'ok' THEN struct(op, offset) END) AS polled"))
                .selectExpr(*keyed, "lo", "fvalues", "ffirst", "omin", "omax",
-                           f"dense_rank() {desc}) AS rank",
-                           "array(" + ", ".join(f"lag(lo, {i}) {desc})" for i in range(1, SKIPPED_SHOWN + 1))
+                           f"dense_rank() OVER ({desc}) AS rank",
+                           "array(" + ", ".join(f"lag(lo, {i}) OVER ({desc})" for i in range(1, SKIPPED_SHOWN + 1))
                            + ") AS nexts",
                            # lost-write: the earliest ok poll that returned a higher offset.
-                           f"min(polled) {desc} ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS passed"))
+                           f"min(polled) OVER ({desc} ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS passed"))
     by_value = "OVER (PARTITION BY _fid, key, value)"
     no_nexts = "array(" + ", ".join(repeat("CAST(NULL AS BIGINT)", SKIPPED_SHOWN)) + ")"
     facts = (
@@ -395,7 +395,10 @@ def _facts(history: Histories) -> DataFrame:
             f"min(CASE WHEN acked AND complete AND final_end IS NOT NULL AND NOT array_contains(fvalues, value) "
             f"THEN struct(NOT completed AS late, op, pos) END) {by_value} AS first_missing")
     )
-    facts = materialise(facts)
+    # The join by (key, offset) keeps the partitioning by key of both sides instead of shuffling
+    # them again (the setting applies to the plan of this one query).
+    with settings(base.sparkSession, {"spark.sql.requireAllClusterKeysForCoPartition": "false"}):
+        facts = materialise(facts)
     release(base)
     return facts
 
@@ -727,12 +730,16 @@ def _operation_stats(history: Histories) -> list[DataFrame]:
     ]
 
 
+# The dependencies of a key and kind reach Python packed in this many lists (see _collected).
+_CHUNKS = 16
+
+
 def _dependencies(facts: DataFrame) -> tuple[DataFrame, DataFrame]:
     """The write-write and write-read dependencies between operations (result.DEPENDENCIES), and
     the operations that can lie on a cycle (the hubs), as flat tables for collecting as Arrow.
 
-    Edges: rows of _fid and DEPENDENCY_COLUMNS; hubs: rows of _fid and HUB_COLUMNS (process as
-    text). The edges are found inside the key partitions; only the hubs, an operation's question
+    Edges: rows of _fid, key and kind, and `rows`, a list of (src, dst) structs; hubs: rows of
+    _fid and HUB_COLUMNS (process as text). The edges are found inside the key partitions; only the hubs, an operation's question
     across keys, are shuffled (by operation)."""
     # A writer of key k: an operation of any outcome with a send whose position is known (and, if
     # unacknowledged, of a value no other operation sent); its position in k is the lowest of its
@@ -755,8 +762,10 @@ def _dependencies(facts: DataFrame) -> tuple[DataFrame, DataFrame]:
           .filter("src != dst").select("_fid", "key", "src", "dst").distinct())
     hubs = (facts.filter("kind = 'r' OR (kind = 's' AND at IS NOT NULL)")
             .selectExpr("_fid", "op", "invoke", "CAST(process AS STRING) AS process", "type").distinct())
-    edges = (ww.selectExpr("_fid", "src", "dst", "'ww' AS kind", "key")
-             .unionByName(wr.selectExpr("_fid", "src", "dst", "'wr' AS kind", "key")))
+    edges = (ww.selectExpr("_fid", "key", "'ww' AS kind", "src", "dst")
+             .unionByName(wr.selectExpr("_fid", "key", "'wr' AS kind", "src", "dst"))
+             .groupBy("_fid", "key", "kind", F.expr(f"pmod(hash(src, dst), {_CHUNKS}) AS chunk"))
+             .agg(F.expr("collect_list(struct(src, dst)) AS rows")).drop("chunk"))
     return edges, hubs
 
 
@@ -845,21 +854,42 @@ def _analyse(spark: SparkSession, paths: list[str], limit: int,
 def _collected(df: DataFrame, names: tuple[str, ...], texts: tuple[str, ...], fids: list[int]
                ) -> dict[int, Columns]:
     """A table of `_fid` and `names` brought to Python through Arrow, as sorted Columns per
-    history (every one of `fids`, empty where it has no rows): no Python object per row."""
+    history (every one of `fids`, empty where it has no rows): no Python object per row.
+
+    Columns missing from the table are fields of its column `rows`, a list of structs: rows
+    packed per row of the table (whose other columns they share), which the driver receives in
+    far fewer bytes than a row each (the 48M dependencies of 10M operations: under Spark's 1 GB
+    limit on what one job returns, where a row each passed it)."""
     import pyarrow.compute as pc
 
     table = df.toArrow()
+    if "rows" in table.column_names:
+        packed = table.column("rows").combine_chunks()
+        counts = pc.list_value_length(packed).to_numpy(zero_copy_only=False).astype(np.int64)
+        inner = packed.flatten()
+    else:
+        counts, inner = None, None
+
+    def column(name: str):
+        if name in table.column_names:
+            return table.column(name), counts
+        return inner.field(name), None
+
     cols = []
     for name in names:
-        column = table.column(name)
+        values, repeats = column(name)
         if name in texts:
-            encoded = pc.dictionary_encode(column).combine_chunks()
-            cols.append((encoded.indices.to_numpy(zero_copy_only=False).astype(np.int32),
+            encoded = pc.dictionary_encode(values)
+            encoded = encoded.combine_chunks() if hasattr(encoded, "combine_chunks") else encoded
+            codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int32)
+            cols.append((codes if repeats is None else np.repeat(codes, repeats),
                          tuple(encoded.dictionary.to_pylist())))
         else:
-            cols.append(column.to_numpy().astype(np.int64))
+            ints = values.to_numpy().astype(np.int64)
+            cols.append(ints if repeats is None else np.repeat(ints, repeats))
     every = Columns(names, cols, texts)
-    fid_of = table.column("_fid").to_numpy()
+    fid_of, repeats = column("_fid")
+    fid_of = fid_of.to_numpy() if repeats is None else np.repeat(fid_of.to_numpy(), repeats)
     return {fid: every.take(fid_of == fid).sorted() for fid in fids}
 
 

@@ -75,7 +75,7 @@ from pyspark.sql import functions as F
 
 from ..models import history_schema as schema
 from ..models.history import COMPLETIONS, TORN, HistoryError, line_error, one_line, read_bytes, state_error
-from .session import materialise, release, sized_for
+from .session import materialise, release, settings, sized_for
 
 LINE_COLUMNS = ["line", *schema.FIELD_NAMES]
 FINAL_READS_TYPE = "ARRAY<STRUCT<key: STRING, end: BIGINT, read_to: BIGINT, outcome: STRING>>"
@@ -145,21 +145,6 @@ def _first_problem(raw: bytes | None) -> schema.LineProblem:
 def spark_failure(exc: BaseException) -> str:
     """Spark's reason for a failure in one line: the first line of its message, no Java stack."""
     return one_line(exc)
-
-
-@contextmanager
-def _spark_conf(spark: SparkSession, conf: dict[str, str]) -> Iterator[None]:
-    before = {k: spark.conf.get(k, None) for k in conf}
-    for k, v in conf.items():
-        spark.conf.set(k, v)
-    try:
-        yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                spark.conf.unset(k)
-            else:
-                spark.conf.set(k, v)
 
 
 def _sql_map(d: dict[int, int | None]) -> str:
@@ -303,7 +288,7 @@ def _spark_path(path: str) -> str:
 def _spark_failures(spark: SparkSession, path: str) -> Iterator[None]:
     """The JSON reader's settings (schema.SPARK_CONF) meanwhile, and Spark's own failures as a
     HistoryError of one line."""
-    with _spark_conf(spark, schema.SPARK_CONF):
+    with settings(spark, schema.SPARK_CONF):
         try:
             yield
         except HistoryError:

@@ -13,6 +13,8 @@ applied to it. Its driver maps in the class archive when one was built
 rather than compiling code, in one shuffle partition, when the input is small;
 in shuffle partitions sized from the input (`shuffle_partitions_for`) when not.
 
+`settings(spark, conf)`: a context in which the session has the runtime settings `conf`.
+
 `materialise(df)`: the DataFrame computed now and kept in the executors'
 storage (on disk), as a new DataFrame whose plan is only a scan
 of those blocks; `release(df)` frees them.
@@ -129,8 +131,6 @@ def get_session(master: str = "local[2]", shuffle_partitions: int = 4, app_name:
         # The cache holds a history's parsed lines only while it is loaded: building compressed
         # columns took a tenth of loading 1M operations (33.6-37.1 s, 30.5-32.5 s without).
         .config("spark.sql.inMemoryColumnarStorage.compressed", "false")
-        # A join by (key, offset) of two sides already partitioned by key needs no shuffle.
-        .config("spark.sql.requireAllClusterKeysForCoPartition", "false")
         .config("spark.driver.extraJavaOptions",
                 " ".join([f"-Dlog4j2.configurationFile=file:{_log4j_file()}", *java_options(inputs),
                           *class_archive.options()]))
@@ -141,7 +141,6 @@ def get_session(master: str = "local[2]", shuffle_partitions: int = 4, app_name:
     spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions))
     spark.conf.set("spark.sql.adaptive.enabled", "false")
     spark.conf.set("spark.sql.inMemoryColumnarStorage.compressed", "false")
-    spark.conf.set("spark.sql.requireAllClusterKeysForCoPartition", "false")
     return spark
 
 
@@ -176,10 +175,16 @@ def sized_for(spark: SparkSession, nbytes: int | None) -> Iterator[None]:
     if nbytes is None:
         yield
         return
-    settings = _SMALL if nbytes < SMALL_INPUT_BYTES else {
-        "spark.sql.shuffle.partitions": str(shuffle_partitions_for(nbytes))}
-    previous = {key: spark.conf.get(key, None) for key in settings}
-    for key, value in settings.items():
+    with settings(spark, _SMALL if nbytes < SMALL_INPUT_BYTES else {
+            "spark.sql.shuffle.partitions": str(shuffle_partitions_for(nbytes))}):
+        yield
+
+
+@contextmanager
+def settings(spark: SparkSession, conf: dict[str, str]) -> Iterator[None]:
+    """The session's runtime settings `conf` for the jobs started inside, restored on exit."""
+    previous = {key: spark.conf.get(key, None) for key in conf}
+    for key, value in conf.items():
         spark.conf.set(key, value)
     try:
         yield
