@@ -111,6 +111,8 @@ def _order_ends(hubs: Columns, order: str) -> tuple[np.ndarray, np.ndarray]:
     types, labels = hubs.codes("type")
     ok = types == labels.index("ok") if "ok" in labels else np.zeros(len(op), dtype=bool)
     n = len(op)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     if order == "process":
         process, names = hubs.codes("process")
         by_invoke = np.argsort(invoke, kind="stable")
