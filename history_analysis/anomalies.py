@@ -739,8 +739,8 @@ def _dependencies(facts: DataFrame) -> tuple[DataFrame, DataFrame]:
     the operations that can lie on a cycle (the hubs), as flat tables for collecting as Arrow.
 
     Edges: rows of _fid, key and kind, and `rows`, a list of (src, dst) structs; hubs: rows of
-    _fid and HUB_COLUMNS (process as text). The edges are found inside the key partitions; only the hubs, an operation's question
-    across keys, are shuffled (by operation)."""
+    _fid and HUB_COLUMNS (process as text). The edges are found inside the key partitions; only
+    the hubs, an operation's question across keys, are shuffled (by operation)."""
     # A writer of key k: an operation of any outcome with a send whose position is known (and, if
     # unacknowledged, of a value no other operation sent); its position in k is the lowest of its
     # sends', and none when that offset holds another value too; each to the next (by position,

@@ -80,10 +80,8 @@ class Columns(Sequence):
             if name in self.texts:
                 codes, labels = self._cols[name]
                 rank = np.empty(len(labels), dtype=np.int64)
-                # None sorts nowhere among strs in Python; as a key it never occurs in a sorted list.
-                rank[sorted(range(len(labels)), key=lambda i: (labels[i] is not None, labels[i] or ""))] = \
-                    np.arange(len(labels))
-                keys.append(rank[codes] if len(labels) else codes)
+                rank[sorted(range(len(labels)), key=labels.__getitem__)] = np.arange(len(labels))
+                keys.append(rank[codes])
             else:
                 keys.append(self._cols[name])
         return self.take(np.lexsort(keys)) if self._len else self
