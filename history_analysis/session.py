@@ -9,9 +9,10 @@ in this process (getOrCreate), in which case only the runtime settings
 applied to it. Its driver maps in the class archive when one was built
 (class_archive: Spark's classes loaded once, for every check).
 
-`sized_for(spark, nbytes)`: a context in which Spark runs interpreted
-rather than compiling code, in one shuffle partition, when the input is small;
-in shuffle partitions sized from the input (`shuffle_partitions_for`) when not.
+`sized_for(spark, nbytes)`: a context in which Spark runs in one shuffle
+partition when the input is small (and interpreted rather than compiling code
+when it is tiny); in shuffle partitions sized from the input
+(`shuffle_partitions_for`) when not.
 
 `settings(spark, conf)`: a context in which the session has the runtime settings `conf`.
 
@@ -64,9 +65,15 @@ def _log4j_file() -> Path:
     return path
 
 
-# Below this size compiling Spark's generated code (a hundred classes or so
-# per analysis) takes longer than running the plan interpreted.
+# Below this size an analysis runs in one shuffle partition, and one history alone in a JVM with
+# the client compiler only (java_options).
 SMALL_INPUT_BYTES = 64 << 20
+# Below this size compiling Spark's generated code (a hundred classes or so per analysis) takes
+# longer than running the plan interpreted. The interpreted cost grows with the facts, mostly the
+# records polls returned: a default run's history (3k operations, 5.9 MB: its consumers re-read
+# the log from the start) took 39-40 s interpreted and 24-25 s compiled; a synthetic one of 1.5k
+# operations (0.6 MB) 16-18 s interpreted and 19-20 s compiled (2026-11-27, 2 cores).
+INTERPRETED_INPUT_BYTES = 1 << 20
 
 
 def java_options(inputs: list[int] | None) -> list[str]:
@@ -157,17 +164,18 @@ def shuffle_partitions_for(nbytes: int) -> int:
     return max(4, min(MAX_PARTITIONS, -(-nbytes // BYTES_PER_PARTITION)))
 
 
-# A small input's settings: interpreted, and one shuffle partition, since each of the analysis's
-# stages then runs one task instead of one per partition (30 histories of 1,500 operations in one
-# call: 109 s with 4 partitions, 95 s with 1).
-_SMALL = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN",
-          "spark.sql.shuffle.partitions": "1"}
+# A small input's settings: one shuffle partition, since each of the analysis's stages then runs
+# one task instead of one per partition (30 histories of 1,500 operations in one call: 109 s with
+# 4 partitions, 95 s with 1); and for a tiny one, interpreted.
+_SMALL = {"spark.sql.shuffle.partitions": "1"}
+_TINY = {**_SMALL, "spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
 
 
 @contextmanager
 def sized_for(spark: SparkSession, nbytes: int | None) -> Iterator[None]:
-    """Run the jobs started inside interpreted, in one shuffle partition, when the input is known
-    to be small; in shuffle_partitions_for(nbytes) partitions when it is known to be larger.
+    """Run the jobs started inside in one shuffle partition when the input is known to be small
+    (interpreted too when it is tiny: INTERPRETED_INPUT_BYTES); in shuffle_partitions_for(nbytes)
+    partitions when it is known to be larger.
 
     The settings are the session's, so they are restored on exit; a job
     started elsewhere meanwhile only runs slower or faster, never differently.
@@ -175,8 +183,11 @@ def sized_for(spark: SparkSession, nbytes: int | None) -> Iterator[None]:
     if nbytes is None:
         yield
         return
-    with settings(spark, _SMALL if nbytes < SMALL_INPUT_BYTES else {
-            "spark.sql.shuffle.partitions": str(shuffle_partitions_for(nbytes))}):
+    if nbytes >= SMALL_INPUT_BYTES:
+        conf = {"spark.sql.shuffle.partitions": str(shuffle_partitions_for(nbytes))}
+    else:
+        conf = _TINY if nbytes < INTERPRETED_INPUT_BYTES else _SMALL
+    with settings(spark, conf):
         yield
 
 

@@ -390,7 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check", help="check stored histories and write results.json",
                            description="Analyse one or more histories with PySpark, in one Spark session "
-                                       "(histories under 64 MB two at a time), and give each a verdict.",
+                                       "(histories under 64 MB together, in one analysis), and give each a verdict.",
                            epilog=CHECK_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     check.add_argument("paths", nargs="+", metavar="PATH", help="store folder(s) or history.jsonl file(s)")
     check.add_argument("--model", help="judge by this model instead of the run's own "

@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from faultline.checker.check import history_sizes
-from faultline.history_analysis.session import SMALL_INPUT_BYTES, java_options
+from faultline.history_analysis.session import (INTERPRETED_INPUT_BYTES, SMALL_INPUT_BYTES, java_options,
+                                                 shuffle_partitions_for, sized_for)
 
 # In a fresh process: start the session as a run does during its teardown, wait for it, and print
 # the JVM's options and whether the check's get_session found the same session.
@@ -48,6 +49,25 @@ def test_only_one_small_history_gets_the_client_compiler_alone():
     assert "-XX:TieredStopAtLevel=1" not in java_options([1000, 1000])
     assert "-XX:TieredStopAtLevel=1" not in java_options(None)
     assert {"-XX:+UseParallelGC", "-XX:-DontCompileHugeMethods"} <= set(java_options(None))
+
+
+@pytest.mark.parametrize("size, partitions, interpreted", [
+    (1000, "1", True), (INTERPRETED_INPUT_BYTES - 1, "1", True),
+    # A default run's history (a few MB: its consumers re-read the log) runs faster compiled.
+    (INTERPRETED_INPUT_BYTES, "1", False), (SMALL_INPUT_BYTES - 1, "1", False),
+    (SMALL_INPUT_BYTES, str(shuffle_partitions_for(SMALL_INPUT_BYTES)), False),
+    (450 << 20, "29", False)])
+def test_an_analysis_runs_interpreted_only_when_tiny_and_in_one_partition_only_when_small(
+        spark, size, partitions, interpreted):
+    keys = ("spark.sql.shuffle.partitions", "spark.sql.codegen.wholeStage", "spark.sql.codegen.factoryMode")
+    before = [spark.conf.get(k, None) for k in keys]
+    with sized_for(spark, size):
+        shuffle, whole_stage, factory = (spark.conf.get(k, None) for k in keys)
+        assert shuffle == partitions
+        assert (whole_stage, factory) == (("false", "NO_CODEGEN") if interpreted else tuple(before[1:]))
+    assert [spark.conf.get(k, None) for k in keys] == before
+    with sized_for(spark, None):
+        assert [spark.conf.get(k, None) for k in keys] == before
 
 
 def test_history_sizes_are_measured_through_store_folders_and_files(tmp_path):

@@ -84,10 +84,11 @@ def mixed_operations(s):
     s.send(p, [(k, 3, 1)])
 
 
-@pytest.fixture(scope="module", params=["interpreted", "generated"])
+@pytest.fixture(scope="module", params=["interpreted", "generated", "generated-one-partition"])
 def both(request, spark, tmp_path_factory):
-    # Histories below 64 MB run interpreted (session.sized_for); larger ones in generated code,
-    # where Spark has bugs of its own (element_at(array, NULL) gave the last element): both ways.
+    # Histories below 1 MB run interpreted (session.sized_for); larger ones in generated code,
+    # where Spark has bugs of its own (element_at(array, NULL) gave the last element), in one
+    # shuffle partition below 64 MB: every way.
     builder, facts = scenario.build()
     path = tmp_path_factory.mktemp("edges") / "history.jsonl"
     write_history(path, builder.lines)
@@ -97,6 +98,8 @@ def both(request, spark, tmp_path_factory):
             # And in more shuffle partitions than a small history's one, as a large history is.
             mp.setattr(session, "SMALL_INPUT_BYTES", 0)
             mp.setattr(session, "shuffle_partitions_for", lambda nbytes: 7)
+        elif request.param == "generated-one-partition":
+            mp.setattr(session, "INTERPRETED_INPUT_BYTES", 0)
         spark_result = analyse(spark, str(path), limit=1000)
     return spark_result, analyse_python(path, limit=1000), builder, facts
 
