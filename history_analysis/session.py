@@ -71,8 +71,8 @@ SMALL_INPUT_BYTES = 64 << 20
 # Below this size compiling Spark's generated code (a hundred classes or so per analysis) takes
 # longer than running the plan interpreted. The interpreted cost grows with the facts, mostly the
 # records polls returned: a default run's history (3k operations, 5.9 MB: its consumers re-read
-# the log from the start) took 39-40 s interpreted and 24-25 s compiled; a synthetic one of 1.5k
-# operations (0.6 MB) 16-18 s interpreted and 19-20 s compiled (2026-11-27, 2 cores).
+# the log from the start) took 38-43 s interpreted and 22-24 s compiled; a synthetic one of 1.5k
+# operations (0.6 MB) 16-18 s interpreted and 19-20 s compiled (2026-11-27, 2 cores; README).
 INTERPRETED_INPUT_BYTES = 1 << 20
 
 
