@@ -12,8 +12,13 @@ start included: what a user waits for. With --compare-archive, every Spark figur
 without and with the class archive (history_analysis/class_archive.py; build it first), in turn.
 With --server, every Spark figure is also taken through a check server (`faultline check-server`)
 started once, warmed up, before the first: the wait of a user who keeps one running.
+With --histories, also the histories of real runs (store folders, or history.jsonl files), each
+timed alike: a run's consumers re-read partitions from the start, so its history holds far more
+records per operation than a synthetic one (a default run's 3k operations: 5.9 MB). Checking one
+rewrites its results.json, as `faultline check` does.
 
     .venv/bin/python benchmarks/check_scale.py --ops 1500 1000000 10000000 --small 30
+    .venv/bin/python benchmarks/check_scale.py --histories store/queue/20261127T225859.812
 """
 
 from __future__ import annotations
@@ -31,8 +36,11 @@ from faultline.models.synthetic_history import write_history
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ops", type=int, nargs="+", default=[100_000, 1_000_000],
-                        help="history sizes in operations (default 100000 1000000)")
+    parser.add_argument("--ops", type=int, nargs="+", default=None,
+                        help="synthetic history sizes in operations (default 100000 1000000, or none "
+                             "with --histories)")
+    parser.add_argument("--histories", nargs="+", default=[], metavar="PATH",
+                        help="also time these runs' histories (store folders or history.jsonl files)")
     parser.add_argument("--dir", default="/tmp/faultline-check-scale", help="where histories are written")
     parser.add_argument("--reuse", action="store_true", help="reuse histories already in --dir")
     parser.add_argument("--engines", nargs="+", choices=("spark", "python"), default=["spark", "python"],
@@ -76,7 +84,18 @@ def run(args: argparse.Namespace, rows: list[dict]) -> int:
         folders = [history_for(args, args.small_ops, seed).parent for seed in range(args.small)]
         for engine in args.engines:
             rows.extend(measured(args, folders, args.small_ops, engine))
-    for n in args.ops:
+    for path in map(Path, args.histories):
+        history = path / "history.jsonl" if path.is_dir() else path
+        if not history.is_file():
+            print(f"{path}: no history.jsonl there; give a store folder of a run or a history.jsonl file",
+                  file=sys.stderr)
+            return 1
+        invocations = sum(1 for line in history.open("rb") if b'"type":"invoke"' in line.replace(b" ", b""))
+        print(json.dumps({"history": str(history), "ops": invocations}), flush=True)
+        for engine in args.engines:
+            rows.extend(measured(args, history, invocations, engine))
+    ops = args.ops if args.ops is not None else ([] if args.histories else [100_000, 1_000_000])
+    for n in ops:
         history = history_for(args, n)
         for engine in args.engines:
             if engine == "python" and n > args.python_max_ops:
