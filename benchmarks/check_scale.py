@@ -31,6 +31,7 @@ import sys
 import time
 from pathlib import Path
 
+from faultline.models.history import read_history
 from faultline.models.synthetic_history import write_history
 
 
@@ -90,7 +91,7 @@ def run(args: argparse.Namespace, rows: list[dict]) -> int:
             print(f"{path}: no history.jsonl there; give a store folder of a run or a history.jsonl file",
                   file=sys.stderr)
             return 1
-        invocations = sum(1 for line in history.open("rb") if b'"type":"invoke"' in line.replace(b" ", b""))
+        invocations = sum(op["type"] == "invoke" and op["process"] != "nemesis" for op in read_history(history).ops)
         print(json.dumps({"history": str(history), "ops": invocations}), flush=True)
         for engine in args.engines:
             rows.extend(measured(args, history, invocations, engine))
