@@ -190,6 +190,17 @@ def test_parallel_runs_overlap_and_judge_exactly_as_one_at_a_time(tmp_path):
     assert tables[0] == tables[1]
 
 
+def test_the_systems_runs_start_in_turn_so_that_kafka_clusters_do_not_start_together(tmp_path):
+    claims = load_claims(only=["acks-1-loses-on-leader-death", "acks-all-survives-faults"])
+    started: list = []
+    run_claims(claims, system_names("both", ["4.3.1"]), 2, False, tmp_path / "claims",
+               run=fake_runs({}, lambda spec: started.append((spec.name, spec.seed))), say=lambda text: None)
+    one_seed = ["acks-1-loses-on-leader-death-unsafe-reference", "acks-1-loses-on-leader-death-unsafe-kafka-4.3.1",
+                "acks-1-loses-on-leader-death-safe-reference", "acks-1-loses-on-leader-death-safe-kafka-4.3.1",
+                "acks-all-survives-faults-safe-reference", "acks-all-survives-faults-safe-kafka-4.3.1"]
+    assert started == [(name, 1) for name in one_seed] + [(name, 2) for name in one_seed]
+
+
 def test_sigterm_stops_the_runs_and_the_tables_judge_what_finished(tmp_path):
     import os
     import signal

@@ -114,6 +114,24 @@ def test_final_reads_name_the_keys_whose_end_the_broker_cannot_say_and_start_fre
         client.close()
 
 
+def test_a_final_reader_that_found_no_broker_learns_the_ends_once_one_listens(broker_factory):
+    # Final reads start right after the heal, often while restarted brokers are not yet listening.
+    broker = broker_factory(start=False)
+    client = QueueClient(broker.bootstrap, {}, dict(DEFAULT_CONSUMER), "late")
+    client.open()
+    try:
+        assert client.invoke({"f": "crash", "final": True})["type"] == "info"
+        done = client.invoke({"f": "assign", "keys": [KEY], "seek_to_beginning": True, "final": True})
+        assert (done["type"], done["end_offsets"]) == ("ok", {}), done
+        assert done["unavailable"][KEY].startswith("no metadata for q: "), done["unavailable"]
+        broker.start()
+        fill(broker.bootstrap, 3)
+        again = client.invoke({"f": "assign", "keys": [KEY], "seek_to_beginning": True, "final": True})
+        assert (again["type"], again["end_offsets"], again.get("unavailable")) == ("ok", {KEY: 3}, None), again
+    finally:
+        client.close()
+
+
 def test_a_final_assign_of_many_keys_learns_every_end_while_its_consumer_fetches(broker):
     # The consumer already fetches the keys of the first final assign when the second asks where
     # they end. Asked on the consumer's own connection, each question waited behind a long-poll

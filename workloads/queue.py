@@ -808,6 +808,7 @@ class QueueClient:
         # Each question may wait up to 5 s; all of them together END_OFFSETS_TIME, so that a broker
         # that answers nothing holds the final reader up once, not once per key.
         deadline = time.monotonic() + END_OFFSETS_TIME
+        stuck = False
 
         def wait() -> float | None:
             left = deadline - time.monotonic()
@@ -823,6 +824,7 @@ class QueueClient:
                 asker.list_topics(topic, timeout=timeout)
                 known_topics.add(topic)
             except KafkaException as exc:
+                stuck = True
                 for key in keys:
                     if parse_key(key)[0] == topic:
                         unavailable[key] = f"no metadata for {topic}: {exc}"
@@ -843,6 +845,15 @@ class QueueClient:
                 unavailable[key] = f"the broker gave no end offset ({end})"
             else:
                 ends[key] = end
+        if stuck:
+            # A consumer opened while every broker refused connections was seen to fail each
+            # metadata request after that for 30 s (Broker transport failure) while new ones
+            # read at once: the next question goes through a new consumer.
+            self.asker = None
+            try:
+                asker.close()
+            except (KafkaException, RuntimeError):
+                pass
         return ends, unavailable
 
 

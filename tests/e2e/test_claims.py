@@ -39,9 +39,9 @@ CONFIRMED_EVERY_TIME = {
 def quick(tmp_path_factory):
     store = tmp_path_factory.mktemp("claims") / "store"
     started = time.monotonic()
-    proc = faultline("claims", "--quick", "--db", "both", "--parallel", "3", "--store", str(store), timeout=1800)
+    proc = faultline("claims", "--quick", "--db", "both", "--parallel", "2", "--store", str(store), timeout=2400)
     seconds = time.monotonic() - started
-    print(f"faultline claims --quick --db both --parallel 3: {seconds:.0f} s")
+    print(f"faultline claims --quick --db both --parallel 2: {seconds:.0f} s")
     [out] = list((store / "claims").iterdir())
     rows = {(r["claim"], r["system"]): r for r in json.loads((out / "claims.json").read_text())}
     return proc, out, rows
