@@ -138,7 +138,8 @@ Definitions (shared/anomalies.md, made precise; reference.py is the oracle):
 - the final log of a key (result.FINAL_READS): what its final chain returned
   (the last `ok` assign with seek_to_beginning naming it, then that
   process's later polls of it, of any outcome), its end (the latest `ok`
-  `end_offsets` entry for it), whether it is complete, and the outcome the
+  `end_offsets` entry for it of that process from that assign on; of any
+  process when the key has no chain), whether it is complete, and the outcome the
   latest completed `final-reads` operation recorded for it (one that learned
   nothing of the key only when no other names it);
 - duplicate-consumption: a record (key, offset) that two or more `ok`
@@ -298,24 +299,25 @@ def _facts(history: Histories) -> DataFrame:
     """The events (`_events`), each with what the rules ask of its key, offset and value;
     materialised (session.materialise: free it with session.release).
 
-    Added columns: `acked` (an acknowledged send), `lo` (the offset, for a row in the log);
-    per key: `known` (the highest offset of the log), `start` ((op, process) of the last ok
-    assign with seek_to_beginning naming it), `late` (the highest offset of the log shown by an
-    operation that completed after that assign), `final_end` (the latest ok `end_offsets` entry
-    for it), `read_max` (the highest offset the final chain read), `complete`; per row of the
-    log: `rank` (of its offset among the log's distinct offsets, highest first) and `nexts`
-    (the next SKIPPED_SHOWN distinct offsets of the log above it); `final` (a record of the
-    final chain); per key and offset: `fvalues`, `ffirst` (the values the final chain read
-    there, and its first read (op, value)), `omin`, `omax` (the least and greatest value the log
-    holds there); per key and value: `was_sent`, `was_read`, `was_read_ok`, `sent_not_failed`,
-    `send_op`, `last_send_op` (its first and last sender), `vmin`, `vmax` (the lowest and highest
-    offset the log holds it at), on a send `at` (offset, rank, nexts, shared: whether the log
-    holds another value at that offset too) of the send's place in the version order (its
-    acknowledged offset, or else its value's position; null: unknown), on a record `senders`
-    (the operations that sent its value, each with the offset it was acknowledged at); for lost-write,
-    `passed` (on an acknowledged send: (op, offset) of the earliest ok poll that returned a higher
-    offset), `passed_any` and `first_missing` (per value: a poll passed an acknowledged send of it;
-    (late, op, pos) of its first acknowledged send the complete final log lacks).
+    Added columns: `acked` (an acknowledged send), `lo` (the offset, for a row in the log); per
+    key: `known` (the highest offset of the log), `start` ((op, process) of the last ok assign with
+    seek_to_beginning naming it), `late` (the highest offset of the log shown by an operation that
+    completed after that assign), `final_end` (the latest ok `end_offsets` entry for it of the
+    chain's process from that assign on; of any process without a chain), `read_max` (the highest
+    offset the final chain read), `complete`; per row of the log: `rank` (of its offset among the
+    log's distinct offsets, highest first) and `nexts` (the next SKIPPED_SHOWN distinct offsets of
+    the log above it); `final` (a record of the final chain); per key and offset: `fvalues`,
+    `ffirst` (the values the final chain read there, and its first read (op, value)), `omin`,
+    `omax` (the least and greatest value the log holds there); per key and value: `was_sent`,
+    `was_read`, `was_read_ok`, `sent_not_failed`, `send_op`, `last_send_op` (its first and last
+    sender), `vmin`, `vmax` (the lowest and highest offset the log holds it at), on a send `at`
+    (offset, rank, nexts, shared: whether the log holds another value at that offset too) of the
+    send's place in the version order (its acknowledged offset, or else its value's position; null:
+    unknown), on a record `senders` (the operations that sent its value, each with the offset it
+    was acknowledged at); for lost-write, `passed` (on an acknowledged send: (op, offset) of the
+    earliest ok poll that returned a higher offset), `passed_any` and `first_missing` (per value: a
+    poll passed an acknowledged send of it; (late, op, pos) of its first acknowledged send the
+    complete final log lacks).
 
     No window spans a key's events: a window holds each of its groups whole in one buffer, and a
     key of a long history has millions of events, which spilled in thousands of pieces that
@@ -337,14 +339,20 @@ def _facts(history: Histories) -> DataFrame:
                .agg(F.expr("max(lo) AS known"),
                     F.expr("max(CASE WHEN kind = 'a' THEN struct(op, process) END) AS start"),
                     F.expr("max(CASE WHEN kind = 'e' THEN struct(op, offset) END) AS end_at"))
-               .selectExpr(*keyed, "known", "start", "end_at.offset AS final_end"))
+               .selectExpr(*keyed, "known", "start", "end_at.offset AS any_end"))
     events = (events.join(F.broadcast(per_key), keyed)
               .selectExpr("*", "coalesce(kind = 'r' AND process = start.process AND op > start.op, false) AS final"))
     chain = (events.groupBy(*keyed)
              .agg(F.expr("max(CASE WHEN lo IS NOT NULL AND op > start.op THEN lo END) AS late"),
                   # The chain's consumer found the end past records it never returns (markers).
                   F.expr("max(CASE WHEN final THEN offset WHEN kind = 'p' AND process = start.process "
-                         "AND op > start.op THEN offset - 1 END) AS read_max")))
+                         "AND op > start.op THEN offset - 1 END) AS read_max"),
+                  # Where the chain's own reader last heard the log ends: another final reader may
+                  # have heard a later end (a transaction marker written after the first had read).
+                  F.expr("max(CASE WHEN kind = 'e' AND process = start.process AND op >= start.op "
+                         "THEN struct(op, offset) END).offset AS own_end"),
+                  F.expr("first(start) IS NULL AS chainless"), F.expr("first(any_end) AS any_end"))
+             .selectExpr(*keyed, "late", "read_max", "CASE WHEN chainless THEN any_end ELSE own_end END AS final_end"))
     desc = "PARTITION BY _fid, key ORDER BY lo DESC"
     # The final chain's records are in the log: per offset, they share a rank.
     offsets = (events.filter("lo IS NOT NULL").groupBy(*keyed, "lo")
@@ -363,7 +371,8 @@ def _facts(history: Histories) -> DataFrame:
     no_nexts = "array(" + ", ".join(repeat("CAST(NULL AS BIGINT)", SKIPPED_SHOWN)) + ")"
     facts = (
         events.join(F.broadcast(chain), keyed).join(offsets, [*keyed, "lo"], "left")
-        .selectExpr(*events.columns, "late", "read_max", "rank", f"coalesce(nexts, {no_nexts}) AS nexts",
+        .selectExpr(*[c for c in events.columns if c != "any_end"], "late", "read_max", "final_end", "rank",
+                    f"coalesce(nexts, {no_nexts}) AS nexts",
                     "CASE WHEN acked THEN passed END AS passed",
                     "coalesce(fvalues, CAST(array() AS ARRAY<BIGINT>)) AS fvalues", "ffirst", "omin", "omax")
         .selectExpr("*", f"start IS NOT NULL AND {_READ_TO} >= coalesce(final_end, {_KNOWN_END}) "

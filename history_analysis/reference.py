@@ -534,9 +534,14 @@ def _final_logs(evs: list[Event], ops: list[Operation], seeks: list[tuple[str, O
     for key, o in seeks:
         if key not in start or o.op > start[key].op:
             start[key] = o
-    ends: dict[str, tuple[int, int]] = {}  # key -> (op, end offset) of the latest ok assign naming it
+    # key -> (op, end offset) of the latest assign that names it: of the chain's process from its
+    # assign on, or of any process for a key without a chain.
+    ends: dict[str, tuple[int, int]] = {}
     for o in ops:
         for key, end in (o.end_offsets or {}).items():
+            s = start.get(key)
+            if s is not None and (o.process != s.process or o.op < s.op):
+                continue
             if key not in ends or o.op > ends[key][0]:
                 ends[key] = (o.op, end)
     known: dict[str, int] = {}

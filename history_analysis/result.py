@@ -146,8 +146,12 @@ A key's final log, as both engines derive it:
 - its final chain is the records of that key returned, by polls of any completion type, to the
   process of the last assign with seek_to_beginning that completed ok and named the key, after
   that assign (later assigns of that process that keep the key do not end the chain);
-- its end offset is the `end_offsets` entry for the key on the latest ok assign that has one
-  (final reads ask the broker for it: history-format.md); absent in histories that do not say;
+- its end offset is the `end_offsets` entry for the key on the latest ok assign that has one,
+  of the chain's process from its assign on (final reads ask the broker for it:
+  history-format.md): where the chain's own reader last heard the log ends, since the log may
+  grow past that after it read (a transaction's marker written once its coordinator aborted it)
+  and another final reader hear of it; of any process for a key without a final chain; absent
+  in histories that do not say;
 - the final reads are complete for the key when the chain read up to the end offset (every
   offset below it), or, where there is no end offset, past every offset any send or poll showed;
   and in either case past every offset shown by a send or poll that completed after the assign

@@ -141,6 +141,28 @@ def test_final_reads_short_of_the_end_offset_are_unknown(tmp_path):
                                           "(final assign op 7), short of the broker's end offset 3"]
 
 
+def test_an_end_heard_by_another_final_reader_after_the_chain_read_leaves_the_chain_whole(tmp_path):
+    # Kafka 4.3.1, transactions: three final readers read t/0 to 401, past its last marker; then
+    # the coordinator aborted a transaction left open, a marker at 401, and the fourth reader,
+    # still reading, heard the end 402. The chain (the last rewind) read to where its reader heard
+    # the log ends, and nothing showed a record beyond: the verdict stands.
+    h = healthy()
+    h.assign(3, final=True, ends={K: 4})
+    h.assign(2, final=True, ends={K: 4})
+    h.op(2, "poll", invoke={"mops": [{"f": "poll"}], "final": True},
+         done={"mops": [{"f": "poll", "records": [{"key": K, "offset": o, "value": o + 1} for o in range(3)]}],
+               "positions": {K: 4}, "final": True})
+    h.assign(2, seek=False, final=True, ends={K: 4})
+    final_reads(h, 2, 4, 4, "reached")
+    h.op(3, "poll", invoke={"mops": [{"f": "poll"}], "final": True},
+         done={"mops": [{"f": "poll", "records": [{"key": K, "offset": o, "value": o + 1} for o in range(3)]}],
+               "positions": {K: 5}, "final": True})
+    h.assign(3, seek=False, final=True, ends={K: 5})
+    final_reads(h, 3, 5, 5, "reached")
+    status, results, out = check(h.write(tmp_path / "marker"))
+    assert (status, results["valid"], results["anomaly_types"]) == (0, True, []), out
+
+
 def unsought() -> H:
     """Sends read back by a consumer that never rewound: nothing reads the logs from the start."""
     h = H()

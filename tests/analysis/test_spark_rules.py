@@ -75,6 +75,23 @@ def final_read_outcomes(s):
 
 
 @scenario
+def a_later_readers_end(s):
+    # Two final readers: the later rewind (reader a) is the final chain; it reads past a marker to
+    # the end it heard (3) and hears it again. Then a transaction's coordinator writes another
+    # marker, and reader b, still reading, hears of the end 4: the chain's log is whole to where
+    # its own reader heard the log ends (and no record showed beyond), not short of another's.
+    k, p, a, b = s.key(), s.process(), s.process(), s.process()
+    s.send(p, [(k, 1, 0), (k, 2, 1)])
+    s.assign(b, [k], seek=True, ends={k: 3})
+    chain = s.assign(a, [k], seek=True, ends={k: 3})
+    s.poll(a, [(k, 0, 1), (k, 1, 2)], positions={k: 3})
+    s.assign(a, [k], ends={k: 3})
+    s.poll(b, [(k, 0, 1), (k, 1, 2)], positions={k: 4})
+    s.assign(b, [k], ends={k: 4})
+    return {"chain": chain}
+
+
+@scenario
 def mixed_operations(s):
     # Two operations that both send and poll (one failed), one that only sends.
     k, p, q = s.key(), s.process(), s.process()
@@ -146,6 +163,14 @@ def test_the_latest_completed_final_reads_record_that_says_anything_gives_the_ou
     assert only == {"key": ix["only"], "assign": None, "end": None, "read_to": 0, "known_end": 0,
                     "late_end": 0, "complete": False, "outcome": "unavailable"}
     assert all(r["outcome"] is None for r in spark_result.final_reads if r["key"].startswith("top_of_the_log"))
+
+
+def test_the_final_chain_is_read_to_where_its_own_reader_heard_the_log_ends(both):
+    spark_result, _, _, facts = both
+    [summary] = [r for r in spark_result.final_reads if r["key"] == "a_later_readers_end-t/0"]
+    assert summary == {"key": "a_later_readers_end-t/0", "assign": facts["a_later_readers_end"]["chain"], "end": 3,
+                       "read_to": 3, "known_end": 2, "late_end": 2, "complete": True, "outcome": None}
+    assert not _of(spark_result, "a_later_readers_end")
 
 
 def test_mixed_counts_operations_that_both_send_and_poll(both):
