@@ -5,10 +5,10 @@ In: the test spec (`kafka_version`, `kafka_mode`, `kafka_controllers`, `kafka_fe
 interface: the version's jars resolved once from Maven Central (`kafka_jars`), each node's
 `server.properties` written, its storage formatted with Kafka's storage tool
 (`kafka.tools.StorageTool format`, feature levels from `--kafka-feature`), each node started as
-`java -Xmx512m -XX:+UseG1GC -cp '<jars>/*' kafka.Kafka server.properties` inside its network
-namespace (the daemon "broker", so kill, pause, partitions and `faultline cleanup` reach it as
-they reach the reference broker), and `server.log`, `controller.log`, `state-change.log`, the GC
-log, the JVM's output and `server.properties` collected into `store/nodes/<node>/`.
+`java <kafka_jars.BROKER_JVM_OPTIONS> -cp '<jars>/*' kafka.Kafka server.properties` inside its
+network namespace (the daemon "broker", so kill, pause, partitions and `faultline cleanup` reach
+it as they reach the reference broker), and `server.log`, `controller.log`, `state-change.log`,
+the GC log, the JVM's output and `server.properties` collected into `store/nodes/<node>/`.
 
 Layouts:
 - KRaft (default): brokers `n1..nN` (node ids 1..N); the first 3 (1 when N < 3) are combined
