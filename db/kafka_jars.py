@@ -42,8 +42,8 @@ MARKER = "resolved"  # written last: a folder without it is incomplete
 # hundred operations a second, and the server compiler's work in that minute was a third of their
 # CPU (a 3-broker Kafka 4.3.1 run of 20 s: 32-33 s of CPU with it, 20-21 s without), taken from the
 # clients and nemesis of a small machine. Only speed differs; what the brokers do is the same.
-BROKER_JVM_OPTIONS = ("-Xmx512m", "-XX:TieredStopAtLevel=1", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-XX:+ExitOnOutOfMemoryError",
-                      "-Djava.awt.headless=true")
+BROKER_JVM_OPTIONS = ("-Xmx512m", "-XX:TieredStopAtLevel=1", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+                      "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true")
 
 
 class KafkaJarsError(RuntimeError):

@@ -126,7 +126,7 @@ def start_order(rows: list[Row], jobs: list[Job]) -> list[Job]:
     """The order runs start in: for each seed, the systems' runs taken in turn (reference, Kafka,
     reference, ...), each system's in table order. In table order a claim's Kafka sides came
     together, and two or three Kafka clusters (three or four JVMs each) starting at once on a
-    small machine starved every client in them (2-10 of 100 operations a second asked)."""
+    small machine starved every client in them (2-17 of 100 operations a second asked)."""
     out: list[Job] = []
     for seed in sorted({j.seed for j in jobs}):
         queues: dict[str, list[Job]] = {}
