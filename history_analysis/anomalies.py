@@ -350,9 +350,7 @@ def _facts(history: Histories) -> DataFrame:
                   # Where the chain's own reader last heard the log ends: another final reader may
                   # have heard a later end (a transaction marker written after the first had read).
                   F.expr("max(CASE WHEN kind = 'e' AND process = start.process AND op >= start.op "
-                         "THEN struct(op, offset) END).offset AS own_end"),
-                  F.expr("first(start) IS NULL AS chainless"), F.expr("first(any_end) AS any_end"))
-             .selectExpr(*keyed, "late", "read_max", "CASE WHEN chainless THEN any_end ELSE own_end END AS final_end"))
+                         "THEN struct(op, offset) END).offset AS own_end")))
     desc = "PARTITION BY _fid, key ORDER BY lo DESC"
     # The final chain's records are in the log: per offset, they share a rank.
     offsets = (events.filter("lo IS NOT NULL").groupBy(*keyed, "lo")
@@ -371,7 +369,8 @@ def _facts(history: Histories) -> DataFrame:
     no_nexts = "array(" + ", ".join(repeat("CAST(NULL AS BIGINT)", SKIPPED_SHOWN)) + ")"
     facts = (
         events.join(F.broadcast(chain), keyed).join(offsets, [*keyed, "lo"], "left")
-        .selectExpr(*[c for c in events.columns if c != "any_end"], "late", "read_max", "final_end", "rank",
+        .selectExpr(*[c for c in events.columns if c != "any_end"], "late", "read_max",
+                    "CASE WHEN start IS NULL THEN any_end ELSE own_end END AS final_end", "rank",
                     f"coalesce(nexts, {no_nexts}) AS nexts",
                     "CASE WHEN acked THEN passed END AS passed",
                     "coalesce(fvalues, CAST(array() AS ARRAY<BIGINT>)) AS fvalues", "ffirst", "omin", "omax")
