@@ -7,7 +7,9 @@ invocations, the operations table), the facts (one shuffle by key and its window
 in one job, the dependency edges and the cycle-search hubs (computed, then brought to Python as
 Arrow columns and sorted), and the cycle search. Each Spark phase is forced by an action of its own, so a
 figure is that phase's work alone; a scan of the whole facts table shows what reading them again
-costs. Prints one JSON line per phase (seconds, and the Spark jobs it ran), then the total.
+costs. Prints one JSON line per phase (seconds, and the Spark jobs it ran), then the total. With
+--rounds N the phases run N times over in the same session, each round's lines tagged with it: the
+later rounds show a warm JVM's figures (a check server's, or a run's own).
 
     .venv/bin/python benchmarks/check_phases.py /tmp/faultline-check-scale/ops-1000000/history.jsonl
 """
@@ -32,8 +34,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("history", help="a history.jsonl file")
     parser.add_argument("--spark-master", default="local[2]")
+    parser.add_argument("--rounds", type=int, default=1, help="times to run the phases, in one session (default 1)")
     args = parser.parse_args()
     total = 0.0
+    rnd = 1
 
     def timed(phase: str, work):
         nonlocal total
@@ -46,11 +50,20 @@ def main() -> int:
         seconds = time.perf_counter() - started
         total += seconds
         jobs = {"jobs": len(tracker.getJobIdsForGroup(phase))} if tracker is not None else {}
-        print(json.dumps({"phase": phase, "seconds": round(seconds, 1), **jobs}), flush=True)
+        print(json.dumps({"round": rnd, "phase": phase, "seconds": round(seconds, 1), **jobs}), flush=True)
         return out
 
     size = file_size(args.history)
     spark = timed("session", lambda: get_session(args.spark_master, inputs=[size] if size is not None else None))
+    for rnd in range(1, args.rounds + 1):
+        if rnd > 1:
+            total = 0.0
+        round_of_phases(spark, size, args, timed)
+        print(json.dumps({"round": rnd, "phase": "total", "seconds": round(total, 1)}), flush=True)
+    return 0
+
+
+def round_of_phases(spark, size, args, timed) -> None:
     with sized_for(spark, size):
         history = timed("load (read, check, pair, operations)", lambda: load_histories(spark, [args.history]))
         facts = timed("facts", lambda: A._facts(history))
@@ -64,8 +77,6 @@ def main() -> int:
                          lambda: A._collected(hubs, HUB_COLUMNS, ("process", "type"), [0])[0])
         timed("cycle search", lambda: add_cycles(Analysis(counts={}, examples={}, stats={}, notes=[],
                                                          dependencies=deps, hubs=hub_list)))
-    print(json.dumps({"phase": "total", "seconds": round(total, 1)}), flush=True)
-    return 0
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import queue
+import shutil
 import signal
 import socket
 import subprocess
@@ -104,19 +105,21 @@ def ask(message: dict, sock: Path | None = None, timeout: float | None = 10.0) -
         conn.close()
 
 
-def serving(spark_master: str) -> dict | None:
-    """The status of the server when one runs with `spark_master` (so it would take a check), else None."""
-    answer = ask({"op": "status"})
+def serving(spark_master: str, sock: Path | None = None) -> dict | None:
+    """The status of the server at `sock` (default socket_path()) when it runs with `spark_master` (so it
+    would take a check), else None."""
+    answer = ask({"op": "status"}, sock)
     return answer if answer is not None and answer.get("spark_master") == spark_master else None
 
 
 def checked_by_server(paths: list[str | Path], spark_master: str, model: str | None, report: bool,
-                      progress: Callable[[str], None] | None = None) -> list[Checked] | None:
-    """The check of `paths` by the server, or None when no server takes it (none runs, another
-    master, or it went away before answering: then nothing it may have written is relied on)."""
+                      progress: Callable[[str], None] | None = None, sock: Path | None = None) -> list[Checked] | None:
+    """The check of `paths` by the server at `sock` (default socket_path()), or None when no server takes
+    it (none runs, another master, or it went away before answering: then nothing it may have written
+    is relied on)."""
     # The server says how it is doing every second while it checks; this long without a word, it is
     # taken for hung and the check runs here.
-    conn = _connect(socket_path(), SILENCE_LIMIT)
+    conn = _connect(sock or socket_path(), SILENCE_LIMIT)
     if conn is None:
         return None
     try:
@@ -145,22 +148,84 @@ def checked_by_server(paths: list[str | Path], spark_master: str, model: str | N
 
 # --- the server ---------------------------------------------------------------------------------
 
-WARM_UP_CHECKS = 3
+# The warm-up's synthetic histories, in operations: one that runs compiled (3,000 operations, 1.2 MB,
+# as a default run's 5 MB history does) and one that runs interpreted (600, 0.2 MB: under
+# session.INTERPRETED_INPUT_BYTES), so both kinds of check find their code compiled.
+WARM_UP_OPERATIONS = (3000, 600, 3000)
+WARM_UP_CHECKS = len(WARM_UP_OPERATIONS)
 
 
-def _warm_up(spark, say: Callable[[str], None]) -> None:
+# The Spark jobs of the warm-up carry this tag, so that a real check can cancel them (cancel_warm_up).
+WARM_UP_TAG = "faultline-warm-up"
+
+
+def _warm_up(spark, say: Callable[[str], None], go_on: Callable[[], bool] = lambda: True) -> int:
     """Check small synthetic histories, so the JVM has compiled the analysis's hot code before the
-    first real check (a default run's history: 17 s in a fresh session, 4.5 s after three checks)."""
+    first real check (a default run's history: 17 s in a fresh session, 4.5 s after three checks).
+    Before each, `go_on()` is asked; a False (a real check is waiting) ends the warm-up there, as
+    does a warm-up check whose jobs were cancelled. Returns the warm-up checks done."""
+    done = 0
+    context = spark.sparkContext
+    # A cancelled warm-up check is a failed check to the checker, which logs it with Spark's trace.
+    checker_log = logging.getLogger("faultline.checker")
+    level = checker_log.level
+    checker_log.setLevel(logging.CRITICAL)
+    try:
+        done = _warm_up_checks(spark, context, say, go_on)
+    finally:
+        checker_log.setLevel(level)
+    return done
+
+
+def _warm_up_checks(spark, context, say: Callable[[str], None], go_on: Callable[[], bool]) -> int:
     from ..models.synthetic_history import write_history
 
+    done = 0
     with tempfile.TemporaryDirectory(prefix="faultline-check-server-") as tmp:
-        for i in range(WARM_UP_CHECKS):
+        for i, operations in enumerate(WARM_UP_OPERATIONS):
+            if not go_on():
+                say(f"warm-up ended after {done} check(s): a check is waiting")
+                break
             run = Path(tmp) / f"run{i}"
             run.mkdir()
-            write_history(run / "history.jsonl", 600, processes=4, keys=5)
+            write_history(run / "history.jsonl", operations, processes=4, keys=5)
             started = time.monotonic()
-            check_paths([run], spark=spark, report=False)
+            context.addJobTag(WARM_UP_TAG)
+            try:
+                checked = check_paths([run], spark=spark, report=False)[0]
+            except Exception as exc:  # noqa: BLE001 - a warm-up check's failure only ends the warm-up
+                checked = None
+                say(f"warm-up check {i + 1}/{WARM_UP_CHECKS} failed: {type(exc).__name__}")
+            finally:
+                context.removeJobTag(WARM_UP_TAG)
+            if checked is None or checked.results.get("valid") is not True:
+                why = ("a check is waiting" if not go_on() else
+                       f"warm-up check {i + 1} gave {checked.results.get('valid') if checked else 'no verdict'}")
+                say(f"warm-up ended after {done} check(s): {why}")
+                break
+            done += 1
             say(f"warm-up check {i + 1}/{WARM_UP_CHECKS}: {time.monotonic() - started:.1f} s")
+    return done
+
+
+def cancel_warm_up(spark) -> None:
+    """Cancel the warm-up's Spark jobs under way (a real check is waiting for the session)."""
+    spark.sparkContext.cancelJobsWithTag(WARM_UP_TAG)
+
+
+def lowest_priority() -> None:
+    """This process and what it starts from now on (Spark's JVM) at the lowest CPU priority: nice 19,
+    and, where the kernel groups processes by session for scheduling (autogroup), its session's
+    group too; otherwise nice would weigh it only against this session's own processes, not against
+    brokers that run in sessions of their own. Best effort: a kernel without either is left as it is."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, 19)
+    except OSError:
+        pass
+    try:
+        Path("/proc/self/autogroup").write_text("19")
+    except OSError:
+        pass
 
 
 class Server:
@@ -176,10 +241,13 @@ class Server:
         self.busy = 0  # checks queued or under way
         self.waiting: list[socket.socket] = []  # the queued checks' connections, in order
         self.last = time.monotonic()  # when the last request came or the last check ended
+        self.warming = warm_up  # until the warm-up is over (done, or ended early by a waiting check)
+        self.warm_up_checks = 0
 
     def status(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "spark_master": self.master, "started": self.started,
-                "checks": self.served, "queued": self.busy, "idle_timeout": self.idle_timeout, "socket": str(self.sock)}
+                "checks": self.served, "queued": self.busy, "idle_timeout": self.idle_timeout, "socket": str(self.sock),
+                "warming": self.warming, "warm_up_checks": self.warm_up_checks}
 
     def serve(self) -> None:
         from ..history_analysis.session import get_session
@@ -191,8 +259,8 @@ class Server:
             raise RuntimeError(f"a check server already answers at {self.sock}")
         self.sock.unlink(missing_ok=True)  # a dead server's
         self.spark = get_session(self.master)
-        if self.warm:
-            _warm_up(self.spark, self.say)
+        # Listening from the start: a check that comes during the warm-up waits only for the warm-up
+        # check under way, and ends the warm-up.
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old_umask = os.umask(0o177)
         try:
@@ -200,7 +268,7 @@ class Server:
         finally:
             os.umask(old_umask)
         listener.listen(16)
-        self.say(f"check server: ready at {self.sock} (pid {os.getpid()}, Spark {self.master}); "
+        self.say(f"check server: listening at {self.sock} (pid {os.getpid()}, Spark {self.master}); "
                  f"stops after {self.idle_timeout:g} s without a request")
         worker = threading.Thread(target=self._work, name="check-server-worker", daemon=True)
         worker.start()
@@ -246,6 +314,8 @@ class Server:
                 self.busy += 1
                 self.waiting.append(conn)
             self.queue.put((conn, request))
+            if self.warming:
+                threading.Thread(target=self._end_warm_up, name="check-server-warm-up-end", daemon=True).start()
             return
         with conn:
             if op == "status":
@@ -256,18 +326,34 @@ class Server:
             else:
                 _tell(conn, {"error": f"unknown request {op!r}"})
 
+    def _end_warm_up(self) -> None:
+        """Cancel the warm-up's jobs until it ends: a cancel reaches only the jobs under way, and the
+        warm-up check may start another before it sees the waiting check."""
+        while self.warming and not self.stopping:
+            cancel_warm_up(self.spark)
+            time.sleep(0.2)
+
     def _tell_waiting(self) -> None:
         """Every second, tell each queued check's client where it stands (a client takes a long silence
         for a hung server)."""
         while not self.stopping:
             with self.lock:
                 for ahead, conn in enumerate(self.waiting, start=1):
-                    _tell(conn, {"progress": f"queued at the check server behind {ahead} check(s)"})
+                    _tell(conn, {"progress": "waiting for the check server's warm-up check under way to end"
+                                 if self.warming else f"queued at the check server behind {ahead} check(s)"})
             time.sleep(1.0)
 
     def _work(self) -> None:
-        """Serve the queued checks one at a time; those queued when the server stops are told so, for
-        their clients to check in their own processes."""
+        """Warm up, then serve the queued checks one at a time; those queued when the server stops are
+        told so, for their clients to check in their own processes."""
+        if self.warm:
+            try:
+                self.warm_up_checks = _warm_up(self.spark, self.say, lambda: self.busy == 0 and not self.stopping)
+            finally:
+                self.warming = False
+            self.say("check server: warmed up" if self.warm_up_checks == WARM_UP_CHECKS else
+                     f"check server: serving after {self.warm_up_checks} of {WARM_UP_CHECKS} warm-up checks")
+            self.last = time.monotonic()
         while (item := self.queue.get()) is not None:
             conn, request = item
             with self.lock:
@@ -328,7 +414,11 @@ class Server:
             return False
 
 
-def serve_foreground(spark_master: str, idle_timeout: float, warm_up: bool) -> int:
+def serve_foreground(spark_master: str, idle_timeout: float, warm_up: bool, background: bool = False) -> int:
+    """Serve in this process until stopped or idle; `background`: at the lowest CPU priority
+    (`lowest_priority`), as `faultline run` starts its own server beside the system under test."""
+    if background:
+        lowest_priority()
     server = Server(socket_path(), spark_master, idle_timeout, warm_up,
                     say=lambda text: print(text, flush=True))
 
@@ -373,7 +463,10 @@ def start(spark_master: str, idle_timeout: float, warm_up: bool, say: Callable[[
             if line.startswith("warm-up check") and line not in told:
                 told.add(line)
                 say(f"check server: {line}")
-        return proc.poll() is not None or ask({"op": "status"}, sock, 2.0) is not None
+        if proc.poll() is not None:
+            return True
+        answer = ask({"op": "status"}, sock, 2.0)
+        return answer is not None and not answer.get("warming")
 
     try:
         wait_until(started, timeout, f"the check server did not answer at {sock}", interval=0.5)
@@ -388,6 +481,78 @@ def start(spark_master: str, idle_timeout: float, warm_up: bool, say: Callable[[
     say(f"check server: ready at {sock} (pid {proc.pid}); `faultline check` and `faultline run` use it "
         f"until it stops (after {idle_timeout:g} s without a request, or `faultline check-server stop`)")
     return 0
+
+
+# --- a run's own server ----------------------------------------------------------------------------
+
+PR_SET_PDEATHSIG = 1
+# A run's own server's log, kept in its store folder.
+CHECK_SERVER_LOG = "check-server.log"
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the process that started it ends, however it ends (a
+    SIGKILLed harness leaves no server behind; the server's JVM ends with the server)."""
+    import ctypes
+
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:  # the parent ended before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+class RunServer:
+    """A check server of one run's own: started when the run's clients start, it warms up beside them
+    at the lowest CPU priority, so that the run's check, sent to it once the run ends, finds its JVM
+    warm instead of starting one. Private: its socket is in a folder of its own, so it serves no
+    other check, and a user's server is left alone. It ends with the process that started it (which
+    must be a thread that lives until `stop`: the main thread), on `stop`, or after an hour idle."""
+
+    IDLE_TIMEOUT = 3600.0
+
+    def __init__(self, spark_master: str):
+        self.master = spark_master
+        self.folder = Path(tempfile.mkdtemp(prefix="faultline-run-check-"))
+        self.sock = self.folder / "socket"
+        with open(log_path(self.sock), "w") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "faultline.runner.cli", "check-server", "start", "--foreground",
+                 "--background", "--spark-master", spark_master, "--idle-timeout", f"{self.IDLE_TIMEOUT:g}"],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                env={**os.environ, SOCKET_ENV: str(self.sock)}, preexec_fn=_die_with_parent)
+
+    def log(self) -> str:
+        return log_path(self.sock).read_text(errors="replace")
+
+    def wait_listening(self, timeout: float = 120.0) -> bool:
+        """Wait until the server listens (its Spark session started: a run shorter than that ends
+        first); False when it ended instead, or did not listen within `timeout` s, and the check is
+        then better run in the caller's own process."""
+        try:
+            wait_until(lambda: self.proc.poll() is not None or ask({"op": "status"}, self.sock, 2.0) is not None,
+                       timeout, "the run's check server did not listen", interval=0.2)
+        except TimeoutError:
+            log.warning("the run's check server did not listen within %g s; checking here instead", timeout)
+            return False
+        return self.proc.poll() is None
+
+    def stop(self, keep_log: Path | None = None, timeout: float = 60.0) -> None:
+        """Stop the server and wait for it (killed when it does not stop within `timeout` s); its log is
+        copied to `keep_log`."""
+        if self.proc.poll() is None:
+            ask({"op": "stop"}, self.sock, 5.0)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(30)
+        if keep_log is not None:
+            try:
+                shutil.copyfile(log_path(self.sock), keep_log)
+            except OSError:
+                pass
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def stop(say: Callable[[str], None] = print, timeout: float = 60.0) -> int:

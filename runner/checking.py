@@ -62,8 +62,9 @@ def start_spark_early(spark_master: str, history: Path) -> threading.Thread:
 
 def check_with_progress(paths: list[str | Path], spark_master: str, model: str | None,
                         show_progress: bool = True, engine: str = "spark", report: bool = True,
-                        server: bool = True) -> list[Checked]:
-    """`server`: let a running check server take a Spark check."""
+                        server: bool = True, sock: Path | None = None) -> list[Checked]:
+    """`server`: let a running check server take a Spark check: the one at `sock` (a run's own), by
+    default the user's (check_server.socket_path())."""
     if engine != "spark":
         return check_paths(paths, spark_master, model, engine=engine, report=report,
                            progress=(lambda text: print(text, file=sys.stderr)) if show_progress else None)
@@ -83,17 +84,21 @@ def check_with_progress(paths: list[str | Path], spark_master: str, model: str |
     if server:
         from .check_server import checked_by_server, serving, socket_path
 
-        running = serving(spark_master)
+        running = serving(spark_master, sock)
         if running is not None:
             with Progress(describe) if show_progress else nullcontext():
                 state["server"] = f"sent to the check server (pid {running['pid']})"
                 checked = checked_by_server(paths, spark_master, model, report,
-                                            lambda text: state.update(server=text))
+                                            lambda text: state.update(server=text), sock)
                 state["server"] = ("checked by the check server" if checked is not None else
                                    "the check server did not finish the check: checking here")
             state["server"] = None
             if checked is not None:
-                print(f"checked by the check server at {socket_path()} (pid {running['pid']})", file=sys.stderr)
+                running = serving(spark_master, sock) or running
+                which = (f"the run's own check server (pid {running['pid']}, after {running['warm_up_checks']} "
+                         f"warm-up check(s) beside the run)" if sock is not None else
+                         f"the check server at {socket_path()} (pid {running['pid']})")
+                print(f"checked by {which}", file=sys.stderr)
                 return checked
     if not show_progress:
         return check_paths(paths, spark_master, model, report=report)

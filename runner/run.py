@@ -30,6 +30,7 @@ from ..control.net import Net
 from ..models.history import HistoryWriter
 from ..models.spec import TestSpec
 from . import testmap
+from .check_server import CHECK_SERVER_LOG, RunServer, serving
 from .checking import check_with_progress, start_spark_early
 from .interpreter import Interpreter, NemesisClient
 from .progress import Progress
@@ -70,9 +71,11 @@ def execute(test: testmap.Test, history: HistoryWriter, run_dir: Path,
 
 
 def run_test(spec: TestSpec, show_progress: bool = True, report: bool = True,
-             junit: str | Path | None = None) -> tuple[int, Path]:
+             junit: str | Path | None = None, server: bool = True) -> tuple[int, Path]:
     """Run `spec` (see the module docstring); `report`: write report.html; `junit`: also write the
-    verdict as JUnit XML to this file."""
+    verdict as JUnit XML to this file; `server`: a Spark check goes to a check server (the user's
+    when one runs; else one of the run's own, started with the clients, warming up beside them
+    at the lowest CPU priority: `check_server.RunServer`) instead of a JVM started after the run."""
     spec = spec.with_seed()
     nodes, support_nodes = testmap.node_names(spec)
     run_dir = create_run_dir(spec)
@@ -80,6 +83,7 @@ def run_test(spec: TestSpec, show_progress: bool = True, report: bool = True,
     workdir = Path(tempfile.mkdtemp(prefix=f"faultline-{tag}-"))
     history = HistoryWriter(run_dir / "history.jsonl")
     state = {"phase": "setup", "since": time.monotonic(), "interpreter": None, "started": False}
+    run_server = None
     cluster = None
     interrupted = failure = setup_failure = None
 
@@ -119,11 +123,20 @@ def run_test(spec: TestSpec, show_progress: bool = True, report: bool = True,
         cluster = testmap.create_nodes(spec, tag, workdir, say=progress.note if progress else print)
         net = Net(cluster.remotes) if "partition" in spec.nemesis else None
         test = testmap.build(spec, cluster.remotes, workdir, net)
-        # The check's JVM starts while the nodes stop.
-        finished = ((lambda: start_spark_early(spec.spark_master, run_dir / "history.jsonl"))
-                    if spec.engine == "spark" else (lambda: None))
-        execute(test, history, run_dir, lambda interpreter: state.update(interpreter=interpreter, started=True),
-                finished)
+
+        def started(interpreter: Interpreter) -> None:
+            nonlocal run_server
+            state.update(interpreter=interpreter, started=True)
+            if server and spec.engine == "spark" and spec.spark_master.startswith("local") and \
+                    serving(spec.spark_master) is None:
+                run_server = RunServer(spec.spark_master)
+
+        def finished() -> None:
+            # Without a server of its own, the check's JVM starts while the nodes stop.
+            if spec.engine == "spark" and run_server is None:
+                start_spark_early(spec.spark_master, run_dir / "history.jsonl")
+
+        execute(test, history, run_dir, started, finished)
     except (Interrupted, KeyboardInterrupt) as exc:
         interrupted = str(exc) or "interrupt"
         if progress:
@@ -158,6 +171,8 @@ def run_test(spec: TestSpec, show_progress: bool = True, report: bool = True,
             client_log.close()
 
     if setup_failure is not None:
+        if run_server is not None:
+            run_server.stop()
         # Nothing ran, so the verdict is unknown: results.json says so, without starting Spark.
         checked = check_with_progress([run_dir], spec.spark_master, spec.model, False, "python", report)[0]
         _junit(junit, run_dir, checked.results)
@@ -165,7 +180,14 @@ def run_test(spec: TestSpec, show_progress: bool = True, report: bool = True,
         return 2, run_dir
     how = f"Spark ({spec.spark_master})" if spec.engine == "spark" else "the plain-Python engine"
     print(f"checking {run_dir / 'history.jsonl'} with {how}")
-    checked = check_with_progress([run_dir], spec.spark_master, spec.model, show_progress, spec.engine, report)[0]
+    try:
+        if run_server is not None:
+            run_server.wait_listening()
+        checked = check_with_progress([run_dir], spec.spark_master, spec.model, show_progress, spec.engine, report,
+                                      server, run_server.sock if run_server is not None else None)[0]
+    finally:
+        if run_server is not None:
+            run_server.stop(run_dir / CHECK_SERVER_LOG)
     _junit(junit, run_dir, checked.results)
     print(summary(checked.results, str(run_dir)))
     if report and (run_dir / REPORT).exists():

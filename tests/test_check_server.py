@@ -126,3 +126,46 @@ def test_an_idle_server_stops_by_itself_and_a_killed_one_leaves_the_check_to_its
     assert json.loads((dup / "results.json").read_text())["bad_anomaly_types"] == ["duplicate"]
     status = faultline(env, "check-server", "status")
     assert status.returncode == 1 and "none runs" in status.stdout
+
+
+def nice_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[16])
+
+
+def test_a_background_server_warms_up_at_the_lowest_priority_and_a_check_that_comes_meanwhile_ends_it(
+        tmp_path, env):
+    # As `faultline run` starts its own: in the foreground of a process of its own session, at the
+    # lowest CPU priority, listening before it warms up.
+    sock = Path(env["FAULTLINE_CHECK_SERVER"])
+    sock.parent.mkdir(mode=0o700)
+    server = subprocess.Popen([sys.executable, "-m", "faultline.runner.cli", "check-server", "start", "--foreground",
+                               "--background", "--idle-timeout", "600"], cwd=REPO, env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_until(lambda: server.poll() is not None or sock.exists(), 120, "the server never listened")
+        assert server.poll() is None
+        jvm = descendants(server.pid)
+        assert jvm, "the server runs Spark's JVM as its child"
+        # nice 19 for the server and its JVM; the session's scheduling group too, where the kernel
+        # groups by session.
+        assert {nice_of(p) for p in jvm | {server.pid}} == {19}
+        autogroup = Path(f"/proc/{server.pid}/autogroup")
+        if Path("/proc/sys/kernel/sched_autogroup_enabled").exists() and \
+                Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1":
+            assert autogroup.read_text().strip().endswith("nice 19"), autogroup.read_text()
+
+        # The first warm-up check (a cold JVM's) takes well over the few seconds this check needs to
+        # reach the server: its jobs are cancelled, the check is served at once, and the warm-up ends.
+        good, dup, _ = good_dup_broken(tmp_path)
+        served = faultline(env, "check", str(good), str(dup), "--no-progress")
+        assert served.returncode == 1, served.stdout + served.stderr
+        assert f"checked by the check server at {sock} (pid {server.pid})" in served.stderr
+        assert json.loads((dup / "results.json").read_text())["bad_anomaly_types"] == ["duplicate"]
+        status = faultline(env, "check-server", "status")
+        assert status.returncode == 0 and "1 check(s) served" in status.stdout, status.stdout
+    finally:
+        faultline(env, "check-server", "stop")
+        out, _ = server.communicate(timeout=120)
+    lines = [line for line in out.splitlines() if line.startswith(("warm-up", "check server: serving"))]
+    assert lines == ["warm-up ended after 0 check(s): a check is waiting",
+                     "check server: serving after 0 of 3 warm-up checks"], out

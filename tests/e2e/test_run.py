@@ -35,6 +35,27 @@ REPORT_PLOTS = ("latency", "quantiles", "throughput", "lag", "unseen")
 NOTHING_LEFT = {"namespaces": [], "links": [], "processes": [], "mounts": [], "forward_rules": [], "docker": []}
 
 
+def run_check_servers() -> str:
+    """The check servers runs start for themselves (check_server.RunServer), as pgrep lists them."""
+    return subprocess.run(["pgrep", "-af", "faultline.runner.cli check-server start --foreground --background"],
+                          capture_output=True, text=True).stdout
+
+
+def descendants(pid: int) -> set[int]:
+    out = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            out |= {int(child)} | descendants(int(child))
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def leftovers() -> dict[str, list[str]]:
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
@@ -45,6 +66,7 @@ def leftovers() -> dict[str, list[str]]:
     procs += subprocess.run(["pgrep", "-af", "faultline.control.lazyfs /tmp/faultline-"], capture_output=True,
                             text=True).stdout
     procs += subprocess.run(["pgrep", "-af", "QuorumPeerMain /tmp/faultline-"], capture_output=True, text=True).stdout
+    procs += run_check_servers()
     return {
         "namespaces": [l for l in netns.splitlines() if l.startswith("faultline-")],
         "links": [l.split(":")[1].strip() for l in links.splitlines() if l.split(":")[1].strip().startswith("fl")],
@@ -90,6 +112,10 @@ def test_healthy_run_is_valid(tmp_path):
     fs = {op["f"] for op in history}
     assert {"send", "poll", "assign"} <= fs
     assert results["stats"]["ok"] > 50
+    # Checked by a Spark session of the run's own, started with its clients (warming up beside them),
+    # stopped after the check: its log is kept in the store, and nothing of it is left (leftovers).
+    assert "checked by the run's own check server (pid " in proc.stderr, proc.stderr
+    assert "check server: checked 1 path(s) in" in (run_dir / "check-server.log").read_text()
     # Every acknowledged value was read in the final phase.
     acked = {m["value"] for op in history if op["type"] == "ok" and op["f"] == "send" for m in op["mops"]}
     read = {r["value"] for op in history if op["type"] == "ok" and op["f"] == "poll"
@@ -193,9 +219,17 @@ def test_cleanup_after_the_harness_is_killed(tmp_path):
         wait_until(lambda: leftovers()["processes"], 60, "the run never started its broker")
         before = leftovers()
         assert before["namespaces"] and before["links"]
+        # The run's own check server starts with the clients; its Spark JVM once it listens.
+        wait_until(lambda: run_check_servers(), 60, "the run never started its check server")
+        server = int(run_check_servers().split()[0])
+        wait_until(lambda: descendants(server), 120, "the run's check server never started Spark")
+        checking = descendants(server) | {server}
         run.send_signal(signal.SIGKILL)
         run.wait(10)
         assert leftovers()["processes"], "the broker should outlive a SIGKILLed harness"
+        # The check server and its JVM end with the harness, without `faultline cleanup`.
+        wait_until(lambda: not any(alive(p) for p in checking), 60,
+                   "the run's check server outlived its SIGKILLed harness")
         cleaned = faultline("cleanup")
         assert cleaned.returncode == 0, cleaned.stderr
         assert leftovers() == NOTHING_LEFT, cleaned.stdout
