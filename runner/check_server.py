@@ -159,11 +159,12 @@ WARM_UP_CHECKS = len(WARM_UP_OPERATIONS)
 WARM_UP_TAG = "faultline-warm-up"
 
 
-def _warm_up(spark, say: Callable[[str], None], go_on: Callable[[], bool] = lambda: True) -> int:
+def _warm_up(spark, say: Callable[[str], None], halt: Callable[[], str | None] = lambda: None) -> int:
     """Check small synthetic histories, so the JVM has compiled the analysis's hot code before the
     first real check (a default run's history: 17 s in a fresh session, 4.5 s after three checks).
-    Before each, `go_on()` is asked; a False (a real check is waiting) ends the warm-up there, as
-    does a warm-up check whose jobs were cancelled. Returns the warm-up checks done."""
+    Before each, `halt()` is asked; a reason (a real check is waiting, the server is stopping) ends
+    the warm-up there, as does a warm-up check whose jobs were cancelled. Returns the warm-up checks
+    done."""
     done = 0
     context = spark.sparkContext
     # A cancelled warm-up check is a failed check to the checker, which logs it with Spark's trace.
@@ -171,20 +172,20 @@ def _warm_up(spark, say: Callable[[str], None], go_on: Callable[[], bool] = lamb
     level = checker_log.level
     checker_log.setLevel(logging.CRITICAL)
     try:
-        done = _warm_up_checks(spark, context, say, go_on)
+        done = _warm_up_checks(spark, context, say, halt)
     finally:
         checker_log.setLevel(level)
     return done
 
 
-def _warm_up_checks(spark, context, say: Callable[[str], None], go_on: Callable[[], bool]) -> int:
+def _warm_up_checks(spark, context, say: Callable[[str], None], halt: Callable[[], str | None]) -> int:
     from ..models.synthetic_history import write_history
 
     done = 0
     with tempfile.TemporaryDirectory(prefix="faultline-check-server-") as tmp:
         for i, operations in enumerate(WARM_UP_OPERATIONS):
-            if not go_on():
-                say(f"warm-up ended after {done} check(s): a check is waiting")
+            if (why := halt()) is not None:
+                say(f"warm-up ended after {done} check(s): {why}")
                 break
             run = Path(tmp) / f"run{i}"
             run.mkdir()
@@ -199,8 +200,7 @@ def _warm_up_checks(spark, context, say: Callable[[str], None], go_on: Callable[
             finally:
                 context.removeJobTag(WARM_UP_TAG)
             if checked is None or checked.results.get("valid") is not True:
-                why = ("a check is waiting" if not go_on() else
-                       f"warm-up check {i + 1} gave {checked.results.get('valid') if checked else 'no verdict'}")
+                why = halt() or f"warm-up check {i + 1} gave {checked.results.get('valid') if checked else 'no verdict'}"
                 say(f"warm-up ended after {done} check(s): {why}")
                 break
             done += 1
@@ -290,6 +290,8 @@ class Server:
             listener.close()
             self.sock.unlink(missing_ok=True)
             self.queue.put(None)
+            if self.warming:
+                self._end_warm_up()
             worker.join()
             try:
                 self.spark.stop()
@@ -326,10 +328,14 @@ class Server:
             else:
                 _tell(conn, {"error": f"unknown request {op!r}"})
 
+    def _halt_warm_up(self) -> str | None:
+        return "the server is stopping" if self.stopping else "a check is waiting" if self.busy else None
+
     def _end_warm_up(self) -> None:
-        """Cancel the warm-up's jobs until it ends: a cancel reaches only the jobs under way, and the
-        warm-up check may start another before it sees the waiting check."""
-        while self.warming and not self.stopping:
+        """Cancel the warm-up's jobs until it ends (a check is waiting, or the server stops): a cancel
+        reaches only the jobs under way, and the warm-up check may start another before it sees why
+        to end."""
+        while self.warming:
             cancel_warm_up(self.spark)
             time.sleep(0.2)
 
@@ -348,7 +354,7 @@ class Server:
         told so, for their clients to check in their own processes."""
         if self.warm:
             try:
-                self.warm_up_checks = _warm_up(self.spark, self.say, lambda: self.busy == 0 and not self.stopping)
+                self.warm_up_checks = _warm_up(self.spark, self.say, self._halt_warm_up)
             finally:
                 self.warming = False
             self.say("check server: warmed up" if self.warm_up_checks == WARM_UP_CHECKS else
@@ -432,6 +438,10 @@ def serve_foreground(spark_master: str, idle_timeout: float, warm_up: bool, back
     except RuntimeError as exc:
         print(f"check server: not started: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if background and server.sock.parent.name.startswith("faultline-run-check-"):
+            # A run's own (RunServer): its folder is the server's alone, and its run may be gone.
+            shutil.rmtree(server.sock.parent, ignore_errors=True)
     return 0
 
 
@@ -486,7 +496,7 @@ def start(spark_master: str, idle_timeout: float, warm_up: bool, say: Callable[[
 # --- a run's own server ----------------------------------------------------------------------------
 
 PR_SET_PDEATHSIG = 1
-# A run's own server's log, kept in its store folder.
+# A run's own server's log, in its store folder.
 CHECK_SERVER_LOG = "check-server.log"
 
 
@@ -503,27 +513,26 @@ def _die_with_parent() -> None:
 
 
 class RunServer:
-    """A check server of one run's own: started when the run's clients start, it warms up beside them
-    at the lowest CPU priority, so that the run's check, sent to it once the run ends, finds its JVM
-    warm instead of starting one. Private: its socket is in a folder of its own, so it serves no
-    other check, and a user's server is left alone. It ends with the process that started it (which
-    must be a thread that lives until `stop`: the main thread), on `stop`, or after an hour idle."""
+    """A check server of one run's own: started before the run's nodes, it warms up beside the set-up
+    and the clients at the lowest CPU priority, so that the run's check, sent to it once the run
+    ends, finds its JVM warm instead of starting one. Private: its socket is in a folder of its own
+    (which the server removes when it ends), so it serves no other check, and a user's server is
+    left alone; it logs to `log` (the run's store folder). It ends with the process that started
+    it (which must be a thread that lives until `stop`: the main thread), on `stop`, or after an
+    hour idle."""
 
     IDLE_TIMEOUT = 3600.0
 
-    def __init__(self, spark_master: str):
+    def __init__(self, spark_master: str, log: Path):
         self.master = spark_master
         self.folder = Path(tempfile.mkdtemp(prefix="faultline-run-check-"))
         self.sock = self.folder / "socket"
-        with open(log_path(self.sock), "w") as out:
+        with open(log, "w") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "faultline.runner.cli", "check-server", "start", "--foreground",
                  "--background", "--spark-master", spark_master, "--idle-timeout", f"{self.IDLE_TIMEOUT:g}"],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                 env={**os.environ, SOCKET_ENV: str(self.sock)}, preexec_fn=_die_with_parent)
-
-    def log(self) -> str:
-        return log_path(self.sock).read_text(errors="replace")
 
     def wait_listening(self, timeout: float = 120.0) -> bool:
         """Wait until the server listens (its Spark session started: a run shorter than that ends
@@ -537,21 +546,31 @@ class RunServer:
             return False
         return self.proc.poll() is None
 
-    def stop(self, keep_log: Path | None = None, timeout: float = 60.0) -> None:
-        """Stop the server and wait for it (killed when it does not stop within `timeout` s); its log is
-        copied to `keep_log`."""
+    # A server starts listening within a minute or so; a folder this old without one is not a
+    # starting server's.
+    STALE_AFTER = 300.0
+
+    @staticmethod
+    def stale_folders() -> list[Path]:
+        """Socket folders of run servers that no longer answer (one that died before it could remove
+        its own: its harness killed while it started), this user's only."""
+        now = time.time()
+        return [f for f in Path(tempfile.gettempdir()).glob("faultline-run-check-*")
+                if f.is_dir() and f.stat().st_uid == os.getuid() and now - f.stat().st_mtime > RunServer.STALE_AFTER
+                and ask({"op": "status"}, f / "socket", 2.0) is None]
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Stop the server and wait for it; killed when it does not stop within `timeout` s."""
         if self.proc.poll() is None:
-            ask({"op": "stop"}, self.sock, 5.0)
+            if ask({"op": "stop"}, self.sock, 5.0) is None:
+                # Not listening yet (Spark still starting: a set-up that failed early): nothing of it
+                # is worth a wait, and its JVM ends with it.
+                self.proc.kill()
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(30)
-        if keep_log is not None:
-            try:
-                shutil.copyfile(log_path(self.sock), keep_log)
-            except OSError:
-                pass
         shutil.rmtree(self.folder, ignore_errors=True)
 
 

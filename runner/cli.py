@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -274,6 +275,13 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
 
     found = cleanup(dry_run=args.dry_run, include_live=args.include_live)
     print(found.describe())
+    # A run's own check server ends with its harness; one killed while it started leaves its
+    # socket folder.
+    for folder in check_server.RunServer.stale_folders():
+        print(f"{'would remove' if args.dry_run else 'removed'} the socket folder of a run's check server "
+              f"that no longer runs: {folder}")
+        if not args.dry_run:
+            shutil.rmtree(folder, ignore_errors=True)
     server = check_server.ask({"op": "status"})
     if server is not None:
         if args.include_live and not args.dry_run:
@@ -388,7 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-server", action="store_true",
                      help="check in a JVM started after the run, in this process: by default a Spark check goes "
                           "to the check server when one runs (faultline check-server), else to one of the run's "
-                          "own, started with the clients and warming up beside them at the lowest CPU priority "
+                          "own, started before the nodes and warming up beside the run at the lowest CPU priority "
                           "(a default run's check: about 6 s instead of 25)")
     run.add_argument("--junit", metavar="FILE", help="also write the verdict as JUnit XML to FILE, for CI (one "
                      "test case: passing if valid, a failure naming the forbidden anomalies if invalid, an error "

@@ -74,8 +74,9 @@ def run_test(spec: TestSpec, show_progress: bool = True, report: bool = True,
              junit: str | Path | None = None, server: bool = True) -> tuple[int, Path]:
     """Run `spec` (see the module docstring); `report`: write report.html; `junit`: also write the
     verdict as JUnit XML to this file; `server`: a Spark check goes to a check server (the user's
-    when one runs; else one of the run's own, started with the clients, warming up beside them
-    at the lowest CPU priority: `check_server.RunServer`) instead of a JVM started after the run."""
+    when one runs; else one of the run's own, started before the nodes, warming up beside the
+    set-up and the run at the lowest CPU priority: `check_server.RunServer`) instead of a JVM
+    started after the run."""
     spec = spec.with_seed()
     nodes, support_nodes = testmap.node_names(spec)
     run_dir = create_run_dir(spec)
@@ -120,23 +121,21 @@ def run_test(spec: TestSpec, show_progress: bool = True, report: bool = True,
     try:
         if progress:
             progress.__enter__()
+        if server and spec.engine == "spark" and spec.spark_master.startswith("local") and \
+                serving(spec.spark_master) is None:
+            # Started first, so that it has the set-up's time too to warm up in.
+            run_server = RunServer(spec.spark_master, run_dir / CHECK_SERVER_LOG)
         cluster = testmap.create_nodes(spec, tag, workdir, say=progress.note if progress else print)
         net = Net(cluster.remotes) if "partition" in spec.nemesis else None
         test = testmap.build(spec, cluster.remotes, workdir, net)
-
-        def started(interpreter: Interpreter) -> None:
-            nonlocal run_server
-            state.update(interpreter=interpreter, started=True)
-            if server and spec.engine == "spark" and spec.spark_master.startswith("local") and \
-                    serving(spec.spark_master) is None:
-                run_server = RunServer(spec.spark_master)
 
         def finished() -> None:
             # Without a server of its own, the check's JVM starts while the nodes stop.
             if spec.engine == "spark" and run_server is None:
                 start_spark_early(spec.spark_master, run_dir / "history.jsonl")
 
-        execute(test, history, run_dir, started, finished)
+        execute(test, history, run_dir, lambda interpreter: state.update(interpreter=interpreter, started=True),
+                finished)
     except (Interrupted, KeyboardInterrupt) as exc:
         interrupted = str(exc) or "interrupt"
         if progress:
@@ -187,7 +186,7 @@ def run_test(spec: TestSpec, show_progress: bool = True, report: bool = True,
                                       server, run_server.sock if run_server is not None else None)[0]
     finally:
         if run_server is not None:
-            run_server.stop(run_dir / CHECK_SERVER_LOG)
+            run_server.stop()
     _junit(junit, run_dir, checked.results)
     print(summary(checked.results, str(run_dir)))
     if report and (run_dir / REPORT).exists():

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -169,3 +170,28 @@ def test_a_background_server_warms_up_at_the_lowest_priority_and_a_check_that_co
     lines = [line for line in out.splitlines() if line.startswith(("warm-up", "check server: serving"))]
     assert lines == ["warm-up ended after 0 check(s): a check is waiting",
                      "check server: serving after 0 of 3 warm-up checks"], out
+
+
+def test_cleanup_removes_the_socket_folder_a_run_server_killed_while_starting_left_and_no_other(env):
+    import tempfile
+
+    stale = Path(tempfile.mkdtemp(prefix="faultline-run-check-"))
+    fresh = Path(tempfile.mkdtemp(prefix="faultline-run-check-"))  # a server still starting: too young
+    other = Path(tempfile.mkdtemp(prefix="faultline-run-checkout-"))  # not ours: another name
+    try:
+        old = time.time() - 600
+        for folder in (stale, other):
+            os.utime(folder, (old, old))
+        listed = faultline(env, "cleanup", "--dry-run")
+        assert listed.returncode == 0, listed.stdout + listed.stderr
+        assert (f"would remove the socket folder of a run's check server that no longer runs: {stale}"
+                in listed.stdout), listed.stdout
+        assert str(fresh) not in listed.stdout and str(other) not in listed.stdout
+        assert stale.exists()
+        cleaned = faultline(env, "cleanup")
+        assert cleaned.returncode == 0, cleaned.stdout + cleaned.stderr
+        assert not stale.exists() and fresh.exists() and other.exists()
+    finally:
+        for folder in (stale, fresh, other):
+            if folder.exists():
+                folder.rmdir()

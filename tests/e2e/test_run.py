@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -112,7 +113,7 @@ def test_healthy_run_is_valid(tmp_path):
     fs = {op["f"] for op in history}
     assert {"send", "poll", "assign"} <= fs
     assert results["stats"]["ok"] > 50
-    # Checked by a Spark session of the run's own, started with its clients (warming up beside them),
+    # Checked by a Spark session of the run's own, started before its nodes (warming up beside the run),
     # stopped after the check: its log is kept in the store, and nothing of it is left (leftovers).
     assert "checked by the run's own check server (pid " in proc.stderr, proc.stderr
     assert "check server: checked 1 path(s) in" in (run_dir / "check-server.log").read_text()
@@ -212,14 +213,16 @@ def test_each_kill_ends_the_broker_and_the_restarted_one_serves_again(tmp_path):
 
 def test_cleanup_after_the_harness_is_killed(tmp_path):
     store = tmp_path / "store"
+    started = time.time()
     run = subprocess.Popen([sys.executable, "-m", "faultline.runner.cli", "run", "--time-limit", "60",
                             "--store", str(store), "--no-progress"], cwd=REPO,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_until(lambda: leftovers()["processes"], 60, "the run never started its broker")
+        wait_until(lambda: any("faultline.broker.main" in p for p in leftovers()["processes"]), 60,
+                   "the run never started its broker")
         before = leftovers()
         assert before["namespaces"] and before["links"]
-        # The run's own check server starts with the clients; its Spark JVM once it listens.
+        # The run's own check server starts before the nodes; its Spark JVM soon after.
         wait_until(lambda: run_check_servers(), 60, "the run never started its check server")
         server = int(run_check_servers().split()[0])
         wait_until(lambda: descendants(server), 120, "the run's check server never started Spark")
@@ -227,9 +230,13 @@ def test_cleanup_after_the_harness_is_killed(tmp_path):
         run.send_signal(signal.SIGKILL)
         run.wait(10)
         assert leftovers()["processes"], "the broker should outlive a SIGKILLed harness"
-        # The check server and its JVM end with the harness, without `faultline cleanup`.
+        # The check server and its JVM end with the harness, without `faultline cleanup`, and the
+        # server's socket folder with them.
         wait_until(lambda: not any(alive(p) for p in checking), 60,
                    "the run's check server outlived its SIGKILLed harness")
+        folder = Path(os.environ.get("TMPDIR", "/tmp"))
+        assert not [f for f in folder.glob("faultline-run-check-*")
+                    if f.stat().st_uid == os.getuid() and f.stat().st_mtime >= started], "its socket folder was left"
         cleaned = faultline("cleanup")
         assert cleaned.returncode == 0, cleaned.stderr
         assert leftovers() == NOTHING_LEFT, cleaned.stdout
