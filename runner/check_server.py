@@ -1,22 +1,26 @@
 """A check server: one warm Spark session kept between `faultline check` calls.
 
 A check's JVM starts cold: most of a small history's check is Spark planning and compiling in a
-JVM whose code is not yet compiled (a default run's history: 18 s from a fresh process, 4.5 s in
-a session that has checked a few). The server keeps such a session, warmed up on synthetic
-histories when it starts, and checks what `faultline check` and `faultline run` send it.
+JVM whose code is not yet compiled (a synthetic history of 1.5k operations: 17 s from a fresh
+process, 4.5 s in a session that has checked a few; a default run's 5 MB history: 17-29 s and 9-10 s). The server keeps such a session, warmed up on synthetic
+histories when it starts, and checks what `faultline check` and `faultline run` send it. A run
+without a user's server starts one of its own (`RunServer`: private socket, lowest CPU priority,
+ending with the run's harness) to warm up while the run runs.
 
 In: requests over a Unix socket at `socket_path()` (0600, in a 0700 folder), one JSON line each:
 `{"op": "check", "paths": [...], "spark_master": ..., "model": ..., "report": ...}`,
-`{"op": "status"}` or `{"op": "stop"}`. Out, on the same connection, JSON lines: for a check,
+`{"op": "status"}` (pid, master, checks served, queued, whether still warming up and the warm-up
+checks done) or `{"op": "stop"}`. Out, on the same connection, JSON lines: for a check,
 `{"progress": text}` while it runs, then `{"results": [[folder, results], ...]}` (the server
 has also written results.json and report.html, as an in-process check would) or
 `{"error": text}`; a status or stop request gets one line. A check asked of another Spark master
 than the server's is refused (`{"refused": why}`); the client then checks in its own process.
 
 Status and stop requests are answered at once; checks are served one at a time, in the order
-they come, and a queued client hears every second where it stands. The server exits after
-`idle_timeout` seconds without a request, on a stop request, or on SIGTERM/SIGINT, and removes
-its socket. The client side (`checked_by_server`) gives up, and the check runs in the client's
+they come, and a queued client hears every second where it stands. The server listens from the
+moment its Spark session has started: a check that comes during the warm-up cancels the warm-up's
+Spark jobs and is served next. The server exits after `idle_timeout` seconds without a request,
+on a stop request, or on SIGTERM/SIGINT, and removes its socket. The client side (`checked_by_server`) gives up, and the check runs in the client's
 own process, when no server answers, when the server fails the check, goes away during it, or
 says nothing for SILENCE_LIMIT seconds.
 """
@@ -161,21 +165,19 @@ WARM_UP_TAG = "faultline-warm-up"
 
 def _warm_up(spark, say: Callable[[str], None], halt: Callable[[], str | None] = lambda: None) -> int:
     """Check small synthetic histories, so the JVM has compiled the analysis's hot code before the
-    first real check (a default run's history: 17 s in a fresh session, 4.5 s after three checks).
-    Before each, `halt()` is asked; a reason (a real check is waiting, the server is stopping) ends
+    first real check (a default run's 5 MB history: 17-29 s in a fresh JVM, 9-10 s after a few
+    checks; README). Before each, `halt()` is asked; a reason (a real check is waiting, the server is stopping) ends
     the warm-up there, as does a warm-up check whose jobs were cancelled. Returns the warm-up checks
     done."""
-    done = 0
     context = spark.sparkContext
     # A cancelled warm-up check is a failed check to the checker, which logs it with Spark's trace.
     checker_log = logging.getLogger("faultline.checker")
     level = checker_log.level
     checker_log.setLevel(logging.CRITICAL)
     try:
-        done = _warm_up_checks(spark, context, say, halt)
+        return _warm_up_checks(spark, context, say, halt)
     finally:
         checker_log.setLevel(level)
-    return done
 
 
 def _warm_up_checks(spark, context, say: Callable[[str], None], halt: Callable[[], str | None]) -> int:

@@ -397,7 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="check in a JVM started after the run, in this process: by default a Spark check goes "
                           "to the check server when one runs (faultline check-server), else to one of the run's "
                           "own, started before the nodes and warming up beside the run at the lowest CPU priority "
-                          "(a default run's check: about 6 s instead of 25)")
+                          "(a default run's check: about 10 s instead of 17-29)")
     run.add_argument("--junit", metavar="FILE", help="also write the verdict as JUnit XML to FILE, for CI (one "
                      "test case: passing if valid, a failure naming the forbidden anomalies if invalid, an error "
                      "if unknown)")

@@ -180,8 +180,9 @@ def run_test(spec: TestSpec, show_progress: bool = True, report: bool = True,
     how = f"Spark ({spec.spark_master})" if spec.engine == "spark" else "the plain-Python engine"
     print(f"checking {run_dir / 'history.jsonl'} with {how}")
     try:
-        if run_server is not None:
-            run_server.wait_listening()
+        if run_server is not None and not run_server.wait_listening():
+            # Not started in time: checked here instead, with no second JVM beside this one.
+            run_server.stop()
         checked = check_with_progress([run_dir], spec.spark_master, spec.model, show_progress, spec.engine, report,
                                       server, run_server.sock if run_server is not None else None)[0]
     finally:

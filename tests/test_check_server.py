@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from faultline.control.wait import wait_until
+from tests.processes import alive, descendants
 from tests.test_cli import good_dup_broken
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,22 +42,6 @@ def server_pid(env: dict) -> int:
     proc = faultline(env, "check-server", "status")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return int(proc.stdout.split("pid ")[1].split(",")[0])
-
-
-def descendants(pid: int) -> set[int]:
-    out = set()
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            out |= {int(child)} | descendants(int(child))
-    return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 def test_a_check_server_gives_the_verdicts_of_a_check_in_its_own_process_and_stops(tmp_path, env):

@@ -16,6 +16,7 @@ import pytest
 from faultline.control import forward, lazyfs
 from faultline.models.history import read_history
 from faultline.control.wait import wait_until
+from tests.processes import alive, descendants
 from tests.browser import load
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
@@ -40,21 +41,6 @@ def run_check_servers() -> str:
     """The check servers runs start for themselves (check_server.RunServer), as pgrep lists them."""
     return subprocess.run(["pgrep", "-af", "faultline.runner.cli check-server start --foreground --background"],
                           capture_output=True, text=True).stdout
-
-
-def descendants(pid: int) -> set[int]:
-    out = set()
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            out |= {int(child)} | descendants(int(child))
-    return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def leftovers() -> dict[str, list[str]]:
