@@ -38,7 +38,7 @@ NOTHING_LEFT = {"namespaces": [], "links": [], "processes": [], "mounts": [], "f
 
 
 def run_check_servers() -> str:
-    """The check servers runs start for themselves (check_server.RunServer), as pgrep lists them."""
+    """The check servers that runs start for themselves (check_server.RunServer), as pgrep lists them."""
     return subprocess.run(["pgrep", "-af", "faultline.runner.cli check-server start --foreground --background"],
                           capture_output=True, text=True).stdout
 
