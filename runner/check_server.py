@@ -430,10 +430,20 @@ def serve_foreground(spark_master: str, idle_timeout: float, warm_up: bool, back
     server = Server(socket_path(), spark_master, idle_timeout, warm_up,
                     say=lambda text: print(text, flush=True))
 
+    own_folder = background and server.sock.parent.name.startswith("faultline-run-check-")
+
     def stop(signum, _frame) -> None:
         server.stopping = True
 
-    signal.signal(signal.SIGTERM, stop)
+    def end_now(signum, _frame) -> None:
+        # A run's own server hears SIGTERM when its harness has ended (the parent-death signal): there
+        # is no check left to finish, and `faultline cleanup` may look for its processes at once. The
+        # server leads its process group, Spark's JVM included: all of it ends here, now.
+        if own_folder:
+            shutil.rmtree(server.sock.parent, ignore_errors=True)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    signal.signal(signal.SIGTERM, end_now if background and os.getpgrp() == os.getpid() else stop)
     signal.signal(signal.SIGINT, stop)
     try:
         server.serve()
@@ -441,7 +451,7 @@ def serve_foreground(spark_master: str, idle_timeout: float, warm_up: bool, back
         print(f"check server: not started: {exc}", file=sys.stderr)
         return 1
     finally:
-        if background and server.sock.parent.name.startswith("faultline-run-check-"):
+        if own_folder:
             # A run's own (RunServer): its folder is the server's alone, and its run may be gone.
             shutil.rmtree(server.sock.parent, ignore_errors=True)
     return 0
@@ -548,6 +558,13 @@ class RunServer:
             return False
         return self.proc.poll() is None
 
+    def _kill(self) -> None:
+        """The server and its JVM (its process group: the server leads a session of its own), now."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
     # A server starts listening within a minute or so; a folder this old without one is not a
     # starting server's.
     STALE_AFTER = 300.0
@@ -566,12 +583,12 @@ class RunServer:
         if self.proc.poll() is None:
             if ask({"op": "stop"}, self.sock, 5.0) is None:
                 # Not listening yet (Spark still starting: a set-up that failed early): nothing of it
-                # is worth a wait, and its JVM ends with it.
-                self.proc.kill()
+                # is worth a wait.
+                self._kill()
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
+                self._kill()
                 self.proc.wait(30)
         shutil.rmtree(self.folder, ignore_errors=True)
 
