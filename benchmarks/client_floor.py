@@ -32,14 +32,14 @@ from faultline.control.local_cluster import LocalCluster
 from faultline.db import DBS
 from faultline.models.spec import TestSpec
 from faultline.runner import testmap
+from faultline.runner.interpreter import machine_jiffies
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def machine_busy_seconds() -> float:
-    """CPU seconds every core of the machine has spent busy (not idle or waiting on I/O) since boot."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(fields[:8]) - fields[3] - fields[4]) / TICKS
+    """CPU seconds every core of the machine has spent busy since boot (the harness's own reading)."""
+    return machine_jiffies()[0] / TICKS
 
 
 def cpu_seconds(pids: list[int]) -> float:

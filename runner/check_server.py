@@ -2,10 +2,11 @@
 
 A check's JVM starts cold: most of a small history's check is Spark planning and compiling in a
 JVM whose code is not yet compiled (a synthetic history of 1.5k operations: 17 s from a fresh
-process, 4.5 s in a session that has checked a few; a default run's 5 MB history: 17-29 s and 9-10 s). The server keeps such a session, warmed up on synthetic
-histories when it starts, and checks what `faultline check` and `faultline run` send it. A run
-without a user's server starts one of its own (`RunServer`: private socket, lowest CPU priority,
-ending with the run's harness) to warm up while the run runs.
+process, 4.5 s in a session that has checked a few; a default run's 5 MB history: 17-29 s and
+9-10 s). The server keeps such a session, warmed up on synthetic histories when it starts, and
+checks what `faultline check` and `faultline run` send it. A run without a user's server starts
+one of its own (`RunServer`: private socket, lowest CPU priority, ending with the run's harness)
+to warm up while the run runs.
 
 In: requests over a Unix socket at `socket_path()` (0600, in a 0700 folder), one JSON line each:
 `{"op": "check", "paths": [...], "spark_master": ..., "model": ..., "report": ...}`,
@@ -20,9 +21,10 @@ Status and stop requests are answered at once; checks are served one at a time, 
 they come, and a queued client hears every second where it stands. The server listens from the
 moment its Spark session has started: a check that comes during the warm-up cancels the warm-up's
 Spark jobs and is served next. The server exits after `idle_timeout` seconds without a request,
-on a stop request, or on SIGTERM/SIGINT, and removes its socket. The client side (`checked_by_server`) gives up, and the check runs in the client's
-own process, when no server answers, when the server fails the check, goes away during it, or
-says nothing for SILENCE_LIMIT seconds.
+on a stop request, or on SIGTERM/SIGINT, and removes its socket. The client side
+(`checked_by_server`) gives up, and the check runs in the client's own process, when no server
+answers, when the server fails the check, goes away during it, or says nothing for SILENCE_LIMIT
+seconds.
 """
 
 from __future__ import annotations
@@ -117,7 +119,8 @@ def serving(spark_master: str, sock: Path | None = None) -> dict | None:
 
 
 def checked_by_server(paths: list[str | Path], spark_master: str, model: str | None, report: bool,
-                      progress: Callable[[str], None] | None = None, sock: Path | None = None) -> list[Checked] | None:
+                      progress: Callable[[str], None] | None = None,
+                      sock: Path | None = None) -> list[Checked] | None:
     """The check of `paths` by the server at `sock` (default socket_path()), or None when no server takes
     it (none runs, another master, or it went away before answering: then nothing it may have written
     is relied on)."""
@@ -166,24 +169,23 @@ WARM_UP_TAG = "faultline-warm-up"
 def _warm_up(spark, say: Callable[[str], None], halt: Callable[[], str | None] = lambda: None) -> int:
     """Check small synthetic histories, so the JVM has compiled the analysis's hot code before the
     first real check (a default run's 5 MB history: 17-29 s in a fresh JVM, 9-10 s after a few
-    checks; README). Before each, `halt()` is asked; a reason (a real check is waiting, the server is stopping) ends
-    the warm-up there, as does a warm-up check whose jobs were cancelled. Returns the warm-up checks
-    done."""
-    context = spark.sparkContext
+    checks; README). Before each, `halt()` is asked; a reason (a real check is waiting, the server
+    is stopping) ends the warm-up there, as does a warm-up check whose jobs were cancelled. Returns
+    the warm-up checks done."""
     # A cancelled warm-up check is a failed check to the checker, which logs it with Spark's trace.
     checker_log = logging.getLogger("faultline.checker")
     level = checker_log.level
     checker_log.setLevel(logging.CRITICAL)
     try:
-        return _warm_up_checks(spark, context, say, halt)
+        return _warm_up_checks(spark, say, halt)
     finally:
         checker_log.setLevel(level)
 
 
-def _warm_up_checks(spark, context, say: Callable[[str], None], halt: Callable[[], str | None]) -> int:
+def _warm_up_checks(spark, say: Callable[[str], None], halt: Callable[[], str | None]) -> int:
     from ..models.synthetic_history import write_history
 
-    done = 0
+    context, done = spark.sparkContext, 0
     with tempfile.TemporaryDirectory(prefix="faultline-check-server-") as tmp:
         for i, operations in enumerate(WARM_UP_OPERATIONS):
             if (why := halt()) is not None:
@@ -202,7 +204,8 @@ def _warm_up_checks(spark, context, say: Callable[[str], None], halt: Callable[[
             finally:
                 context.removeJobTag(WARM_UP_TAG)
             if checked is None or checked.results.get("valid") is not True:
-                why = halt() or f"warm-up check {i + 1} gave {checked.results.get('valid') if checked else 'no verdict'}"
+                verdict = checked.results.get("valid") if checked is not None else "no verdict"
+                why = halt() or f"warm-up check {i + 1} gave {verdict}"
                 say(f"warm-up ended after {done} check(s): {why}")
                 break
             done += 1
@@ -248,8 +251,8 @@ class Server:
 
     def status(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "spark_master": self.master, "started": self.started,
-                "checks": self.served, "queued": self.busy, "idle_timeout": self.idle_timeout, "socket": str(self.sock),
-                "warming": self.warming, "warm_up_checks": self.warm_up_checks}
+                "checks": self.served, "queued": self.busy, "idle_timeout": self.idle_timeout,
+                "socket": str(self.sock), "warming": self.warming, "warm_up_checks": self.warm_up_checks}
 
     def serve(self) -> None:
         from ..history_analysis.session import get_session
@@ -536,7 +539,6 @@ class RunServer:
     IDLE_TIMEOUT = 3600.0
 
     def __init__(self, spark_master: str, log: Path):
-        self.master = spark_master
         self.folder = Path(tempfile.mkdtemp(prefix="faultline-run-check-"))
         self.sock = self.folder / "socket"
         with open(log, "w") as out:
@@ -575,7 +577,8 @@ class RunServer:
         its own: its harness killed while it started), this user's only."""
         now = time.time()
         return [f for f in Path(tempfile.gettempdir()).glob("faultline-run-check-*")
-                if f.is_dir() and f.stat().st_uid == os.getuid() and now - f.stat().st_mtime > RunServer.STALE_AFTER
+                if f.is_dir() and f.stat().st_uid == os.getuid()
+                and now - f.stat().st_mtime > RunServer.STALE_AFTER
                 and ask({"op": "status"}, f / "socket", 2.0) is None]
 
     def stop(self, timeout: float = 60.0) -> None:
