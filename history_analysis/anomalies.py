@@ -340,6 +340,10 @@ def _facts(history: Histories) -> DataFrame:
                     F.expr("max(CASE WHEN kind = 'a' THEN struct(op, process) END) AS start"),
                     F.expr("max(CASE WHEN kind = 'e' THEN struct(op, offset) END) AS end_at"))
                .selectExpr(*keyed, "known", "start", "end_at.offset AS any_end"))
+    # A row per key, computed once: each query below that joins it would otherwise sort every
+    # event by key again to aggregate them (a sort aggregate, for its structs).
+    per_key = materialise(per_key)
+    small = [per_key]
     events = (events.join(F.broadcast(per_key), keyed)
               .selectExpr("*", "coalesce(kind = 'r' AND process = start.process AND op > start.op, false) AS final"))
     chain = (events.groupBy(*keyed)
@@ -351,6 +355,16 @@ def _facts(history: Histories) -> DataFrame:
                   # have heard a later end (a transaction marker written after the first had read).
                   F.expr("max(CASE WHEN kind = 'e' AND process = start.process AND op >= start.op "
                          "THEN struct(op, offset) END).offset AS own_end")))
+    # What is per key is computed here once, not on each of the key's events (the decimals of
+    # `complete` are objects, not longs).
+    chain = materialise(
+        chain.join(per_key, keyed)
+        .selectExpr(*keyed, "late", "read_max", "start", "known",
+                    "CASE WHEN start IS NULL THEN any_end ELSE own_end END AS final_end")
+        .selectExpr(*keyed, "late", "read_max", "final_end",
+                    f"start IS NOT NULL AND {_READ_TO} >= coalesce(final_end, {_KNOWN_END}) "
+                    f"AND {_READ_TO} >= {_LATE_END} AS complete"))
+    small.append(chain)
     desc = "PARTITION BY _fid, key ORDER BY lo DESC"
     # The final chain's records are in the log: per offset, they share a rank.
     offsets = (events.filter("lo IS NOT NULL").groupBy(*keyed, "lo")
@@ -368,14 +382,12 @@ def _facts(history: Histories) -> DataFrame:
     by_value = "OVER (PARTITION BY _fid, key, value)"
     no_nexts = "array(" + ", ".join(repeat("CAST(NULL AS BIGINT)", SKIPPED_SHOWN)) + ")"
     facts = (
-        events.join(F.broadcast(chain), keyed).join(offsets, [*keyed, "lo"], "left")
-        .selectExpr(*[c for c in events.columns if c != "any_end"], "late", "read_max",
-                    "CASE WHEN start IS NULL THEN any_end ELSE own_end END AS final_end", "rank",
+        events.join(F.broadcast(chain), keyed).join(offsets.hint("shuffle_hash"), [*keyed, "lo"], "left")
+        .selectExpr(*[c for c in events.columns if c != "any_end"], "late", "read_max", "final_end", "rank",
                     f"coalesce(nexts, {no_nexts}) AS nexts",
                     "CASE WHEN acked THEN passed END AS passed",
-                    "coalesce(fvalues, CAST(array() AS ARRAY<BIGINT>)) AS fvalues", "ffirst", "omin", "omax")
-        .selectExpr("*", f"start IS NOT NULL AND {_READ_TO} >= coalesce(final_end, {_KNOWN_END}) "
-                         f"AND {_READ_TO} >= {_LATE_END} AS complete")
+                    "coalesce(fvalues, CAST(array() AS ARRAY<BIGINT>)) AS fvalues", "ffirst", "omin", "omax",
+                    "complete")
         .selectExpr(
             "*",
             f"max(kind = 's') {by_value} AS was_sent",
@@ -407,7 +419,8 @@ def _facts(history: Histories) -> DataFrame:
     # them again (the setting applies to the plan of this one query).
     with settings(base.sparkSession, {"spark.sql.requireAllClusterKeysForCoPartition": "false"}):
         facts = materialise(facts)
-    release(base)
+    for df in (base, *small):
+        release(df)
     return facts
 
 
@@ -702,18 +715,19 @@ def _uncommitted_read(facts: DataFrame) -> DataFrame:
     # position moved past them); only `ok` polls are judged against it. Every
     # condition is the record's own (its key's, offset's and value's): the few
     # records that meet them are grouped.
+    # On every record, read_to > 0 and read_to > offset without read_to's decimals (objects): as
+    # read_max >= 0 and read_max >= offset, read_to being read_max + 1 when positive.
     rows = (facts.filter("kind = 'r' AND type = 'ok' AND start IS NOT NULL")
-            .selectExpr("*", f"{_READ_TO} AS read_to")
-            .filter("read_to > 0 AND ((size(fvalues) > 0 AND NOT array_contains(fvalues, value)) "
-                    "OR (size(fvalues) = 0 AND (read_to > offset "
+            .filter("read_max >= 0 AND ((size(fvalues) > 0 AND NOT array_contains(fvalues, value)) "
+                    "OR (size(fvalues) = 0 AND (read_max >= offset "
                     "OR (final_end IS NOT NULL AND complete AND offset >= final_end))))")
             .groupBy("_fid", "key", "offset", "value")
             .agg(F.min("op").alias("op"), *[F.first(c).alias(c) for c in (
-                "ffirst", "start", "final_end", "read_to")]))
+                "ffirst", "start", "final_end", "read_max")]))
     return _witness(
         "uncommitted-read", rows,
         "'key', key, 'offset', offset, 'value', value, 'final_value', ffirst.value, 'final_op', ffirst.op, "
-        "'final_assign', start.op, 'final_end', final_end, 'final_read_to', read_to, "
+        f"'final_assign', start.op, 'final_end', final_end, 'final_read_to', {_READ_TO}, "
         "'ops', array(op, coalesce(ffirst.op, start.op))",
         "least(op, coalesce(ffirst.op, start.op))", "offset")
 
