@@ -382,7 +382,7 @@ def _facts(history: Histories) -> DataFrame:
     by_value = "OVER (PARTITION BY _fid, key, value)"
     no_nexts = "array(" + ", ".join(repeat("CAST(NULL AS BIGINT)", SKIPPED_SHOWN)) + ")"
     facts = (
-        events.join(F.broadcast(chain), keyed).join(offsets.hint("shuffle_hash"), [*keyed, "lo"], "left")
+        events.join(F.broadcast(chain), keyed).join(offsets, [*keyed, "lo"], "left")
         .selectExpr(*[c for c in events.columns if c != "any_end"], "late", "read_max", "final_end", "rank",
                     f"coalesce(nexts, {no_nexts}) AS nexts",
                     "CASE WHEN acked THEN passed END AS passed",
