@@ -12,12 +12,15 @@ start included: what a user waits for. With --compare-archive, every Spark figur
 without and with the class archive (history_analysis/class_archive.py; build it first), in turn.
 With --server, every Spark figure is also taken through a check server (`faultline check-server`)
 started once, warmed up, before the first: the wait of a user who keeps one running.
-With --histories, also the histories of real runs (store folders, or history.jsonl files), each
+Synthetic histories get their side-car (models/operations_table.py), as the harness's writer
+gives a run's history; with --compare-sidecar, every Spark figure is taken twice, reading the
+JSON (FAULTLINE_SIDECAR=0) and then the side-car. With --histories, also the histories of real runs (store folders, or history.jsonl files), each
 timed alike: a run's consumers re-read partitions from the start, so its history holds far more
 records per operation than a synthetic one (a default run's 3k operations: 5.9 MB). Checking one
 rewrites its results.json, as `faultline check` does.
 
     .venv/bin/python benchmarks/check_scale.py --ops 1500 1000000 10000000 --small 30
+    .venv/bin/python benchmarks/check_scale.py --ops 1000000 --reuse --engines spark --compare-sidecar
     .venv/bin/python benchmarks/check_scale.py --histories store/queue/20261127T225859.812
 """
 
@@ -26,11 +29,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from faultline.models import operations_table
 from faultline.models.history import read_history
 from faultline.models.synthetic_history import write_history
 
@@ -56,6 +61,8 @@ def main() -> int:
                         help="operations in each small history (default 1500, a default 30 s run)")
     parser.add_argument("--compare-archive", action="store_true",
                         help="time each Spark check without and with the class archive, in turn")
+    parser.add_argument("--compare-sidecar", action="store_true",
+                        help="time each Spark check reading the JSON and then the side-car, in turn")
     parser.add_argument("--server", action="store_true",
                         help="also time each Spark check sent to a check server (faultline check-server, "
                              "started once here and warmed up; its start is reported apart)")
@@ -122,6 +129,11 @@ def history_for(args: argparse.Namespace, n: int, seed: int | None = None) -> Pa
         write_history(history, n, seed=seed or 0)
         print(f"  generated in {time.perf_counter() - started:.1f}s "
               f"({history.stat().st_size / 1e6:.0f} MB)", file=sys.stderr, flush=True)
+    if operations_table.fresh(history) is None:
+        started = time.perf_counter()
+        built = operations_table.build(history)
+        print(f"  side-car built in {time.perf_counter() - started:.1f}s"
+              + (f" (none: {built.problem})" if built.problem else ""), file=sys.stderr, flush=True)
     return history
 
 
@@ -130,18 +142,24 @@ def measured(args: argparse.Namespace, target: Path | list[Path], n: int, engine
     for Spark with --server, then once more through the check server."""
     if engine != "spark":
         return [measure(args, target, n, engine)]
-    rows = ([measure(args, target, n, engine, archive=False), measure(args, target, n, engine, archive=True)]
-            if args.compare_archive else [measure(args, target, n, engine)])
+    if args.compare_sidecar:
+        rows = [measure(args, target, n, engine, sidecar=False), measure(args, target, n, engine, sidecar=True)]
+    else:
+        rows = ([measure(args, target, n, engine, archive=False), measure(args, target, n, engine, archive=True)]
+                if args.compare_archive else [measure(args, target, n, engine)])
     if args.server_env is not None:
-        rows.append(measure(args, target, n, engine, server=True))
+        rows.extend([measure(args, target, n, engine, server=True, sidecar=False),
+                     measure(args, target, n, engine, server=True, sidecar=True)]
+                    if args.compare_sidecar else [measure(args, target, n, engine, server=True)])
     return rows
 
 
 def measure(args: argparse.Namespace, target: Path | list[Path], n: int, engine: str,
-            archive: bool | None = None, server: bool = False) -> dict:
+            archive: bool | None = None, server: bool = False, sidecar: bool | None = None) -> dict:
     """One `faultline check` of a history (`target`, its path) or of several store folders in one
     call (a list): seconds from process start to exit. `archive`: False to start Spark's JVM
-    without the class archive (None: as configured). `server`: sent to the check server (else
+    without the class archive (None: as configured). `sidecar`: False to read the JSON even where
+    a fresh side-car is (None: as configured). `server`: sent to the check server (else
     checked in the process, even if a server runs)."""
     folders = target if isinstance(target, list) else [target.parent]
     cmd = [sys.executable, "-m", "faultline.runner.cli", "check", *map(str, folders), "--spark-master",
@@ -149,15 +167,30 @@ def measure(args: argparse.Namespace, target: Path | list[Path], n: int, engine:
            *([] if server else ["--no-server"])]
     print(f"checking {len(folders)} x {n} operations with {engine}{' (check server)' if server else ''}",
           file=sys.stderr, flush=True)
-    started = time.perf_counter()
     env = {**(args.server_env if server else os.environ),
-           **({"FAULTLINE_SPARK_ARCHIVE": "0"} if archive is False else {})}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    elapsed = time.perf_counter() - started
+           **({"FAULTLINE_SPARK_ARCHIVE": "0"} if archive is False else {}),
+           **({"FAULTLINE_SIDECAR": "0"} if sidecar is False else {})}
+    # Hidden as well, for a check server, which reads its own environment.
+    hidden = []
+    for f in (folders if sidecar is False else []):
+        shown = operations_table.path_for(f / "history.jsonl")
+        if shown.exists():
+            hidden.append((shown, shown.with_name(shown.name + ".hidden")))
+            shown.replace(hidden[-1][1])
+    used = sidecar is not False and all(operations_table.fresh(f / "history.jsonl") for f in folders)
+    try:
+        started = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        elapsed = time.perf_counter() - started
+    finally:
+        for shown, aside in hidden:
+            shutil.rmtree(shown, ignore_errors=True)  # one the check wrote meanwhile
+            aside.replace(shown)
     verdicts = {json.loads((f / "results.json").read_text()).get("valid") if (f / "results.json").exists()
                 else None for f in folders}
     row = {"ops": n, **({"histories": len(folders)} if isinstance(target, list) else {}), "engine": engine,
            **({"archive": archive} if archive is not None else {}), **({"server": True} if server else {}),
+           "sidecar": used,
            "seconds": round(elapsed, 1), "ops_per_s": round(n * len(folders) / elapsed),
            "valid": verdicts.pop() if len(verdicts) == 1 else None, "exit": proc.returncode,
            "history_mb": round(sum((f / "history.jsonl").stat().st_size for f in folders) / 1e6)}

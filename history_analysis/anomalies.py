@@ -4,6 +4,10 @@ In: a SparkSession, the path of a history file, how many example witnesses
 to keep per type (`limit`), and optionally a folder for every witness.
 `analyse_many`: several history files (and a folder for each), analysed in
 one plan: per file its `Analysis`, or the HistoryError that refused it.
+The histories are loaded with their side-cars (load.load_histories: the
+operations read from `history.jsonl.operations/` while it matches the file,
+and written there for a large history without one), unless the environment
+sets FAULTLINE_SIDECAR=0.
 Every row of that plan carries `_fid`, its history's place in the list, and
 every window, grouping and join includes it, so no answer mixes histories.
 
@@ -834,7 +838,7 @@ def _all_witnesses(spark: SparkSession, history: Histories, facts: DataFrame) ->
 
 def _analyse(spark: SparkSession, paths: list[str], limit: int,
              full_dirs: list[str | os.PathLike | None]) -> list[Analysis | HistoryError]:
-    history = load_histories(spark, paths)
+    history = load_histories(spark, paths, sidecars=os.environ.get("FAULTLINE_SIDECAR", "1") != "0")
     out: list[Analysis | HistoryError] = list(history.problems)
     accepted = [fid for fid, problem in enumerate(history.problems) if problem is None]
     if not accepted:

@@ -63,6 +63,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,8 +75,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ..models import history_schema as schema
-from ..models.history import COMPLETIONS, TORN, HistoryError, line_error, one_line, read_bytes, state_error
-from .session import materialise, release, settings, sized_for
+from ..models import operations_table
+from ..models.history import (COMPLETIONS, NEVER_COMPLETED, TORN, HistoryError, line_error, never_completed_note, one_line,
+                              read_bytes, state_error)
+from .session import SMALL_INPUT_BYTES, materialise, release, settings, sized_for
 
 LINE_COLUMNS = ["line", *schema.FIELD_NAMES]
 FINAL_READS_TYPE = "ARRAY<STRUCT<key: STRING, end: BIGINT, read_to: BIGINT, outcome: STRING>>"
@@ -200,30 +203,116 @@ def _free(persisted: list[DataFrame], materialised: list[DataFrame]) -> None:
     materialised.clear()
 
 
-def load_histories(spark: SparkSession, paths: list[str | os.PathLike]) -> Histories:
+def load_histories(spark: SparkSession, paths: list[str | os.PathLike], sidecars: bool = False) -> Histories:
     """Read and validate several history files in one pass, each as load_history would (the same
     checks and words): one plan answers for all of them. Several paths must be local files; one may
-    be any path Spark reads. A failure of Spark itself raises HistoryError naming the first path."""
+    be any path Spark reads. A failure of Spark itself raises HistoryError naming the first path.
+
+    `sidecars`: when every path is a local file with a fresh side-car (models/operations_table.py:
+    its operations, written as the history was), the operations are read from those, and `ops`
+    is None; otherwise every file is read from its JSON, and each accepted local history of at
+    least SIDECAR_MIN_BYTES that had no fresh side-car gets one, written from what was loaded (a
+    Spark job each; left out where it cannot be written: it is a cache)."""
     paths = [str(p) for p in paths]
     sizes = [file_size(p) for p in paths]
     with sized_for(spark, None if None in sizes else sum(s or 0 for s in sizes)):
-        problems, readable = _readable(paths)
-        if not readable:
-            return Histories(paths, None, None, problems=problems, notes=[[] for _ in paths],
-                             lines=[0] * len(paths), stats=[{} for _ in paths])
-        with _spark_failures(spark, paths[readable[0][0]]):
-            parsed = _parse(spark, paths, readable, single=len(paths) == 1)
-            persisted = [parsed]
+        sums = {}
+        if sidecars:
+            found = [operations_table.fresh(_local(p)) if _is_local(p) else None for p in paths]
+            loaded = _from_sidecars(spark, paths, found) if None not in found else None
+            if loaded is not None:
+                return loaded
+            sums = _digests([p if f is None else None for p, f in zip(paths, found)])
+        loaded = _from_json(spark, paths)
+        _write_sidecars(loaded, sums)
+        return loaded
+
+
+def _from_json(spark: SparkSession, paths: list[str]) -> Histories:
+    problems, readable = _readable(paths)
+    if not readable:
+        return Histories(paths, None, None, problems=problems, notes=[[] for _ in paths],
+                         lines=[0] * len(paths), stats=[{} for _ in paths])
+    with _spark_failures(spark, paths[readable[0][0]]):
+        parsed = _parse(spark, paths, readable, single=len(paths) == 1)
+        persisted = [parsed]
+        try:
+            states, paired = _check(spark, paths, parsed, persisted)
+            for i, problem in enumerate(problems):
+                if problem is not None:
+                    states[i]["problem"] = problem
+            return _histories(paths, states, parsed, paired, persisted)
+        except BaseException:
+            for df in persisted:
+                df.unpersist()
+            raise
+
+
+def _from_sidecars(spark: SparkSession, paths: list[str], found: list[tuple[Path, dict[str, Any]]]
+                   ) -> Histories | None:
+    """The operations of every history from its fresh side-car (`found`: operations_table.fresh's,
+    by place); None when Spark cannot read one (the JSON is read then, as always)."""
+    folders = {str(folder.resolve()): fid for fid, (folder, _) in enumerate(found)}
+    if len(folders) < len(found):
+        return None  # a history given twice: the JSON reader says so
+    # A side-car is a file of row groups of 64k operations each (a few MB): splits of this size
+    # spread a large one over the cores.
+    try:
+        with settings(spark, {"spark.sql.files.maxPartitionBytes": str(8 << 20)}):
+            read = spark.read.schema(operations_table.spark_type()).parquet(*[_glob_escaped(f) for f, _ in found])
+            # Spark names each file by its URI: number them by their folder's place in `paths`.
+            uris = [r[0] for r in read.select("_metadata.file_path").distinct().collect()]
+            fid = {u: folders[str(Path(unquote(urlparse(u).path)).parent)] for u in uris}
+            items = ", ".join(f"{schema.sql_str(u)}, CAST({i} AS BIGINT)" for u, i in fid.items())
+            fid_of = F.expr(f"element_at(map({items}), _metadata.file_path)") if items else F.lit(0)
+            operations = materialise(read.select(fid_of.cast("bigint").alias("_fid"), "*"))
+    except Exception as exc:  # noqa: BLE001 - a side-car Spark cannot read is stale; the JSON stays
+        if not _is_spark_failure(exc):
+            raise
+        return None
+    return Histories(paths=paths, ops=None, operations=operations, problems=[None] * len(paths),
+                     notes=[list(stamp["notes"]) for _, stamp in found], lines=[stamp["lines"] for _, stamp in found],
+                     stats=[dict(stamp["stats"]) for _, stamp in found], _materialised=[operations])
+
+
+# The check writes the side-car of a history this large that has none: below, reading its JSON
+# takes a few seconds at most, and a side-car beside every small history is clutter.
+SIDECAR_MIN_BYTES = SMALL_INPUT_BYTES
+
+
+def _digests(paths: list[str | None]) -> dict[int, tuple[int, str]]:
+    """(size, SHA-256) of each local history of at least SIDECAR_MIN_BYTES (None: none wanted), by
+    its place in `paths`: taken before loading them, a side-car `_write_sidecars` stamps with them
+    can only be stale (never wrong) if a history changes while it is read."""
+    out = {}
+    for fid, path in enumerate(paths):
+        size = None if path is None else file_size(path)
+        if size is not None and size >= SIDECAR_MIN_BYTES:
             try:
-                states, paired = _check(spark, paths, parsed, persisted)
-                for i, problem in enumerate(problems):
-                    if problem is not None:
-                        states[i]["problem"] = problem
-                return _histories(paths, states, parsed, paired, persisted)
-            except BaseException:
-                for df in persisted:
-                    df.unpersist()
+                out[fid] = operations_table.sha256_of(_local(path))
+            except OSError:
+                pass
+    return out
+
+
+def _write_sidecars(history: Histories, digests: dict[int, tuple[int, str]]) -> None:
+    """The side-car of each accepted history read from its JSON that `digests` names (and that
+    has no torn last line), from its operations as loaded: one Spark job each. A side-car that
+    cannot be written (a read-only folder, a full disk) is left out: it is a cache."""
+    for fid, (size, sha256) in digests.items():
+        if history.ops is None or history.problems[fid] is not None or any(TORN in n for n in history.notes[fid]):
+            continue
+        target = operations_table.path_for(_local(history.paths[fid]))
+        folder = operations_table.aside(target)
+        try:
+            (history.operations.filter(F.col("_fid") == fid).drop("_fid")
+             .write.option("compression", "none").parquet(_glob_escaped(folder)))
+            operations_table.stamp_files(folder, target, size=size, sha256=sha256, lines=history.lines[fid],
+                                         notes=history.notes[fid], stats=history.stats[fid])
+        except Exception as exc:  # noqa: BLE001 - no side-car: the JSON is read next time too
+            if not (isinstance(exc, OSError) or _is_spark_failure(exc)):
                 raise
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def validate_histories(spark: SparkSession, paths: list[str | os.PathLike]) -> dict[str, HistoryError | None]:
@@ -280,8 +369,16 @@ def _spark_path(path: str) -> str:
     except OSError:
         read_bytes(p)  # raises HistoryError with the reason
         raise
+    return _glob_escaped(p)
+
+
+def _glob_escaped(path: Path) -> str:
     # Spark reads a path as a glob pattern: escape a file name's own brackets, stars, ...
-    return re.sub(r"([\\\[\]{}*?])", r"\\\1", str(p.resolve()))
+    return re.sub(r"([\\\[\]{}*?])", r"\\\1", str(path.resolve()))
+
+
+def _is_spark_failure(exc: BaseException) -> bool:
+    return type(exc).__name__ in ("Py4JJavaError", "Py4JError") or hasattr(exc, "getErrorClass")
 
 
 @contextmanager
@@ -294,7 +391,7 @@ def _spark_failures(spark: SparkSession, path: str) -> Iterator[None]:
         except HistoryError:
             raise
         except Exception as exc:  # noqa: BLE001 - Spark's own failures, in one line
-            if type(exc).__name__ not in ("Py4JJavaError", "Py4JError") and not hasattr(exc, "getErrorClass"):
+            if not _is_spark_failure(exc):
                 raise
             raise HistoryError(path, None, f"Spark could not read the file: {spark_failure(exc)}") from None
 
@@ -463,7 +560,7 @@ def _histories(paths: list[str], states: list[dict[str, Any]], parsed: DataFrame
         never = total_of("invokes") - total_of("completions")
         never_client = total_of("client_invokes") - sum(total_of(t) for t in COMPLETIONS)
         if never:
-            state["notes"].append(f"{never} invocation(s) never completed; counted as info")
+            state["notes"].append(never_completed_note(never))
         notes.append(state["notes"])
         stats.append({"ops": total_of("client_invokes"), "ok": total_of("ok"), "fail": total_of("fail"),
                       "info": total_of("info") + never_client})
@@ -496,7 +593,7 @@ def _histories(paths: list[str], states: list[dict[str, Any]], parsed: DataFrame
         "_fid", "index AS op", "index AS invoke", "false AS completed", "process", "'info' AS type", "f",
         "mops", "keys", "seek_to_beginning", "rebalance_log", "time AS invoke_time",
         f"element_at({_sql_map(max_time)}, _fid) AS time",
-        "'never completed: the history ends first' AS error", "node", "assignment",
+        f"{schema.sql_str(NEVER_COMPLETED)} AS error", "node", "assignment",
         "CAST(NULL AS MAP<STRING, BIGINT>) AS end_offsets",
         "CAST(NULL AS MAP<STRING, BIGINT>) AS positions",
         f"CAST(NULL AS {PROCESSED_TYPE}) AS processed",

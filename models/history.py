@@ -13,7 +13,10 @@ skipped, and a line may end in CRLF.
 
 In (writing): operations as the interpreter invokes and completes them.
 Out: one JSON object per line, flushed line by line, with `index` and `time`
-assigned here, so a crash of the harness loses nothing already recorded.
+assigned here, so a crash of the harness loses nothing already recorded; and,
+once closed, the history's side-car (operations_table.py: its operations,
+paired and typed as the Spark loader reads them, for the check to read
+instead of the JSON).
 """
 
 from __future__ import annotations
@@ -108,6 +111,74 @@ def read_bytes(path: str | Path) -> bytes:
 TORN = "the last line is cut short (no newline, not JSON) and was ignored: the harness stopped while writing it"
 
 
+class LineReader:
+    """One history's lines, in order, read and checked: each line against the table
+    (history_schema), then across lines (index, time, one operation at a time per process, a
+    completion's f, a retired process). `read` raises LineProblem for a line the table refuses
+    (the caller knows whether it is a torn last line) and HistoryError for a problem across
+    lines; `open_ops` holds each process's invocation still open, `closed` the one the last line
+    completed; `never_completed` gives the `info` completions made up for what is still open."""
+
+    def __init__(self, path: str | Path):
+        self.path = path
+        self.lines = 0
+        self.last_time: int | None = None
+        self.open_ops: dict[Any, Op] = {}
+        # The invocation the last line read completed (None when it was an invocation).
+        self.closed: Op | None = None
+        self._retired: dict[Any, int] = {}
+
+    def read(self, line: bytes) -> Op:
+        op = parse_line(line)
+        check_line(op)
+        problem = None
+        self.closed = None
+        if op["index"] != self.lines:
+            problem = PROBLEMS.index(op["index"], self.lines)
+        elif self.last_time is not None and op["time"] < self.last_time:
+            problem = PROBLEMS.time(op["time"], self.last_time)
+        else:
+            process = op["process"]
+            if process in self._retired:
+                problem = PROBLEMS.retired(process, self._retired[process])
+            elif op["type"] == "invoke":
+                if process in self.open_ops:
+                    problem = PROBLEMS.open(process, self.open_ops[process]["index"])
+                else:
+                    self.open_ops[process] = op
+            else:
+                inv = self.closed = self.open_ops.pop(process, None)
+                if inv is None:
+                    problem = PROBLEMS.orphan(process, op["type"])
+                elif inv["f"] != op["f"]:
+                    problem = PROBLEMS.f(op["f"], inv["f"], inv["index"])
+                elif op["type"] == "info" and process != "nemesis":
+                    self._retired[process] = op["index"]
+        if problem is not None:
+            raise state_error(self.path, self.lines + 1, problem)
+        self.last_time = op["time"]
+        self.lines += 1
+        return op
+
+    def never_completed(self) -> list[Op]:
+        """An `info` completion for each invocation still open, in the order invoked, numbered on
+        from the last line, at its time."""
+        t = self.last_time or 0
+        out = []
+        for inv in sorted(self.open_ops.values(), key=lambda op: op["index"]):
+            done = {k: v for k, v in inv.items() if k not in ("index", "time", "type")}
+            done.update(index=self.lines + len(out), time=t, type="info", error=NEVER_COMPLETED)
+            out.append(done)
+        return out
+
+
+NEVER_COMPLETED = "never completed: the history ends first"
+
+
+def never_completed_note(count: int) -> str:
+    return f"{count} invocation(s) never completed; counted as info"
+
+
 def read_history(path: str | Path) -> ReadResult:
     """Read and validate a history; see the module docstring."""
     path = Path(path)
@@ -117,73 +188,50 @@ def read_history(path: str | Path) -> ReadResult:
     torn_tail = lines[-1] != b""
     if not torn_tail:
         lines.pop()
+    reader = LineReader(path)
     ops: list[Op] = []
-    open_ops: dict[Any, Op] = {}
-    retired: dict[Any, int] = {}
-    last_time = None
     last = len(lines)
     for lineno, line in enumerate(lines, 1):
         try:
-            op = parse_line(line)
-            check_line(op)
+            ops.append(reader.read(line))
         except LineProblem as exc:
             if exc.syntax and lineno == last and torn_tail:
                 notes.append(f"{path}:{lineno}: {TORN}")
                 break
             raise line_error(path, lineno, exc) from None
-        problem = None
-        if op["index"] != len(ops):
-            problem = PROBLEMS.index(op["index"], len(ops))
-        elif last_time is not None and op["time"] < last_time:
-            problem = PROBLEMS.time(op["time"], last_time)
-        else:
-            process = op["process"]
-            if process in retired:
-                problem = PROBLEMS.retired(process, retired[process])
-            elif op["type"] == "invoke":
-                if process in open_ops:
-                    problem = PROBLEMS.open(process, open_ops[process]["index"])
-                else:
-                    open_ops[process] = op
-            else:
-                inv = open_ops.pop(process, None)
-                if inv is None:
-                    problem = PROBLEMS.orphan(process, op["type"])
-                elif inv["f"] != op["f"]:
-                    problem = PROBLEMS.f(op["f"], inv["f"], inv["index"])
-                elif op["type"] == "info" and process != "nemesis":
-                    retired[process] = op["index"]
-        if problem is not None:
-            raise state_error(path, lineno, problem)
-        last_time = op["time"]
-        ops.append(op)
     lines_read = len(ops)
-    if open_ops:
-        t = last_time or 0
-        for process, inv in sorted(open_ops.items(), key=lambda kv: kv[1]["index"]):
-            done = {k: v for k, v in inv.items() if k not in ("index", "time", "type")}
-            done.update(index=len(ops), time=t, type="info", error="never completed: the history ends first")
-            ops.append(done)
-        notes.append(f"{len(open_ops)} invocation(s) never completed; counted as info")
+    made_up = reader.never_completed()
+    if made_up:
+        ops.extend(made_up)
+        notes.append(never_completed_note(len(made_up)))
     return ReadResult(ops, notes, lines_read)
 
 
 class HistoryWriter:
-    """Appends operations to history.jsonl, one flushed line each; thread-safe."""
+    """Appends operations to history.jsonl, one flushed line each; thread-safe. A history it
+    writes from its first line gets its side-car (operations_table: the operations as the
+    check's loader reads them), built as the lines are written and put in place by `close`;
+    `sidecar=False` writes none."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, sidecar: bool = True):
+        from .operations_table import OperationsTable
+
         self.path = Path(path)
         self._file = open(self.path, "a", buffering=1)
         self._lock = threading.Lock()
         self._index = 0
         self._start = time.monotonic_ns()
         self.counts = {t: 0 for t in TYPES}
+        self._table = OperationsTable(self.path) if sidecar and self._file.tell() == 0 else None
 
     def append(self, op: Op) -> Op:
         with self._lock:
             record = {"index": self._index, "time": time.monotonic_ns() - self._start}
             record.update(op)
-            self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+            line = json.dumps(record, separators=(",", ":")) + "\n"
+            self._file.write(line)
+            if self._table is not None:
+                self._table.feed(line.encode())
             self._index += 1
             self.counts[record["type"]] = self.counts.get(record["type"], 0) + 1
             return record
@@ -199,6 +247,8 @@ class HistoryWriter:
                 self._file.flush()
                 os.fsync(self._file.fileno())
                 self._file.close()
+                if self._table is not None:
+                    self._table.finish()
 
 
 def write_history(path: str | Path, ops: Iterable[Op]) -> None:

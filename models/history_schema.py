@@ -782,6 +782,11 @@ def _spark_out(t: Type):
     return t.spark()
 
 
+def spark_field_type(name: str):
+    """The Spark type of a line field as the loader exposes it (variants as strings)."""
+    return _spark_out(next(fd.type for fd in LINE.fields if fd.name == name))
+
+
 def spark_columns(line: str) -> list[str]:
     """SQL: the columns of an accepted line, named as its fields; `process` as text (the integer
     in decimal, or "nemesis"), the other variants as their strings."""

@@ -4,7 +4,8 @@ In: a path, a number of operations (invocations), processes, keys and a seed. Ou
 file (docs/history-format.md) of sends of 1..3 values and polls reading on from each consumer's
 position over a correct log, then the final reads of every key from the beginning, so every
 acknowledged value is seen: a checker must call it valid. Written with string formatting, at
-about a million operations in 10 s.
+about a million operations in 10 s; then, as the harness's writer does, its side-car
+(operations_table: about a million operations a minute), unless `sidecar` is false.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import random
 from pathlib import Path
 
 
-def write_history(path: Path, ops: int, processes: int = 10, keys: int = 20, seed: int = 0) -> None:
+def write_history(path: Path, ops: int, processes: int = 10, keys: int = 20, seed: int = 0,
+                  sidecar: bool = True) -> None:
     """Write the history; see the module docstring."""
     rng = random.Random(seed)
     key_names = [f"t/{k}" for k in range(keys)]
@@ -64,3 +66,7 @@ def write_history(path: Path, ops: int, processes: int = 10, keys: int = 20, see
                 w(f'{{"index":{index},"time":{t},"process":0,"type":"invoke","f":"poll","mops":[{{"f":"poll"}}]}}\n')
                 w(f'{{"index":{index + 1},"time":{t + 1},"process":0,"type":"ok","f":"poll","mops":[{{"f":"poll","records":[{recs}]}}]}}\n')
                 index += 2
+    if sidecar:
+        from .operations_table import build
+
+        build(path)

@@ -55,6 +55,11 @@ examples:
 
 Writes results.json beside each history. Exit status: 0 when every history is
 valid, 1 when any is invalid, 2 when any is unknown or could not be read.
+
+Spark reads a history's side-car (history.jsonl.operations/, written by the
+harness as it recorded; by a check, for a history of 64 MB or more) instead of
+its JSON while the side-car matches the file byte for byte; FAULTLINE_SIDECAR=0
+reads the JSON always. See docs/history-format.md.
 """
 
 

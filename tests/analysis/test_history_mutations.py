@@ -10,6 +10,9 @@ checks each at once (`faultline check --engine python`). Spark then checks them 
 loader reads every example in one pass (history_analysis.load.validate_histories) and must refuse
 the same ones with the same words, and read the accepted ones to the same lines; and a sample of
 the accepted and refused examples is checked end to end with `--engine spark` in one session.
+Each example's side-car (models/operations_table.py) is built as the harness's writer builds it:
+one exists for exactly the examples the Python reader accepts whole, and the loader reads from
+them the operations, notes, lines and stats it reads from the JSON (one pass again).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from hypothesis import strategies as st
 
 from faultline.checker.check import check_paths
 from faultline.history_analysis import load as spark_load
+from faultline.models import operations_table
 from faultline.models.history import HistoryError, read_history
 from faultline.models.history_schema import FIELD_NAMES, INT64_MAX, INT64_MIN, MAX_DEPTH
 
@@ -253,6 +257,14 @@ def check_python(mutated: Mutated, path: Path) -> Example:
     return Example(mutated, path, results, error)
 
 
+def _operations(loaded) -> dict[int, list[dict]]:
+    """The loaded operations, per history, in order."""
+    out: dict[int, list[dict]] = {}
+    for r in loaded.operations.orderBy("_fid", "op").collect():
+        out.setdefault(r["_fid"], []).append(r.asDict(recursive=True))
+    return out
+
+
 def test_mutated_histories_are_refused_alike_or_judged_alike(spark, tmp_path):
     examples: list[Example] = []
     calls: list[None] = []
@@ -288,6 +300,8 @@ def test_mutated_histories_are_refused_alike_or_judged_alike(spark, tmp_path):
         rows: dict[int, list[dict]] = {}
         for r in loaded.ops.orderBy("_fid", "line").collect():
             rows.setdefault(r["_fid"], []).append(_plain(r))
+        operations = _operations(loaded)
+        read_alike = [(loaded.notes[i], loaded.lines[i], loaded.stats[i]) for i in range(len(paths))]
     finally:
         loaded.unpersist()
     for fid, e in enumerate(accepted):
@@ -304,7 +318,26 @@ def test_mutated_histories_are_refused_alike_or_judged_alike(spark, tmp_path):
             expected["process"] = str(op["process"])
             assert line == _clean(expected), (e.mutated.kind, row.get("line"))
 
-    # End to end with the Spark engine, a sample of each, in one session: the same results.
+    # The side-car (models/operations_table.py) exists for exactly the histories the Python reader
+    # accepts whole (no torn last line), and holds what the loader read from their JSON.
+    for e in examples:
+        built = operations_table.build(e.path)
+        whole = e.python_error is None and e.mutated.data.endswith(b"\n")
+        assert (built.problem is None) == whole, (e.mutated.kind, built.problem, e.mutated.data[:3000])
+    with_sidecar = [fid for fid, e in enumerate(accepted) if operations_table.fresh(e.path) is not None]
+    assert with_sidecar
+    loaded = spark_load.load_histories(spark, [paths[fid] for fid in with_sidecar], sidecars=True)
+    try:
+        assert loaded.ops is None
+        from_sidecars = _operations(loaded)
+        for i, fid in enumerate(with_sidecar):
+            what = accepted[fid].mutated.kind
+            assert from_sidecars.get(i, []) == [{**r, "_fid": i} for r in operations.get(fid, [])], what
+            assert (loaded.notes[i], loaded.lines[i], loaded.stats[i]) == read_alike[fid], what
+    finally:
+        loaded.unpersist()
+
+    # End to end with the Spark engine (which reads the side-cars), a sample of each, in one session: the same results.
     rnd = random.Random(0)
     sample = rnd.sample(accepted, min(SPARK_SAMPLE, len(accepted))) + rnd.sample(refused, min(SPARK_SAMPLE, len(refused)))
     for e, checked in zip(sample, check_paths([e.path.parent for e in sample], spark=spark, engine="spark")):
