@@ -166,7 +166,6 @@ import gc
 import json
 import os
 from functools import reduce
-from itertools import repeat
 from pathlib import Path
 
 import numpy as np
@@ -309,13 +308,13 @@ def _facts(history: Histories) -> DataFrame:
     completed after that assign), `final_end` (the latest ok `end_offsets` entry for it of the
     chain's process from that assign on; of any process without a chain), `read_max` (the highest
     offset the final chain read), `complete`; per row of the log: `rank` (of its offset among the
-    log's distinct offsets, highest first) and `nexts` (the next SKIPPED_SHOWN distinct offsets of
-    the log above it); `final` (a record of the final chain); per key and offset: `fvalues`,
+    log's distinct offsets, highest first: the offsets between two are counted by their ranks,
+    and the few a witness lists are looked up by rank afterwards, `_skipped_listed`); `final` (a record of the final chain); per key and offset: `fvalues`,
     `ffirst` (the values the final chain read there, and its first read (op, value)), `omin`,
     `omax` (the least and greatest value the log holds there); per key and value: `was_sent`,
     `was_read`, `was_read_ok`, `sent_not_failed`, `send_op`, `last_send_op` (its first and last
     sender), `vmin`, `vmax` (the lowest and highest offset the log holds it at), on a send `at`
-    (offset, rank, nexts, shared: whether the log holds another value at that offset too) of the
+    (offset, rank, shared: whether the log holds another value at that offset too) of the
     send's place in the version order (its acknowledged offset, or else its value's position; null:
     unknown), on a record `senders` (the operations that sent its value, each with the offset it
     was acknowledged at); for lost-write, `passed` (on an acknowledged send: (op, offset) of the
@@ -379,16 +378,12 @@ def _facts(history: Histories) -> DataFrame:
                     F.expr("min(CASE WHEN kind = 'r' AND type = 'ok' THEN struct(op, offset) END) AS polled"))
                .selectExpr(*keyed, "lo", "fvalues", "ffirst", "omin", "omax",
                            f"dense_rank() OVER ({desc}) AS rank",
-                           "array(" + ", ".join(f"lag(lo, {i}) OVER ({desc})" for i in range(1, SKIPPED_SHOWN + 1))
-                           + ") AS nexts",
                            # lost-write: the earliest ok poll that returned a higher offset.
                            f"min(polled) OVER ({desc} ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS passed"))
     by_value = "OVER (PARTITION BY _fid, key, value)"
-    no_nexts = "array(" + ", ".join(repeat("CAST(NULL AS BIGINT)", SKIPPED_SHOWN)) + ")"
     facts = (
         events.join(F.broadcast(chain), keyed).join(offsets, [*keyed, "lo"], "left")
         .selectExpr(*[c for c in events.columns if c != "any_end"], "late", "read_max", "final_end", "rank",
-                    f"coalesce(nexts, {no_nexts}) AS nexts",
                     "CASE WHEN acked THEN passed END AS passed",
                     "coalesce(fvalues, CAST(array() AS ARRAY<BIGINT>)) AS fvalues", "ffirst", "omin", "omax",
                     "complete")
@@ -406,8 +401,8 @@ def _facts(history: Histories) -> DataFrame:
             # value there) or else its value's position. A value sent again by a later operation
             # (an application's resend) is placed where that operation wrote it, not where the
             # earlier one did.
-            "CASE WHEN kind = 's' THEN coalesce(CASE WHEN lo IS NOT NULL THEN struct(lo AS offset, rank, nexts, "
-            "omin != omax AS shared) END, min(CASE WHEN lo IS NOT NULL THEN struct(lo AS offset, rank, nexts, "
+            "CASE WHEN kind = 's' THEN coalesce(CASE WHEN lo IS NOT NULL THEN struct(lo AS offset, rank, "
+            "omin != omax AS shared) END, min(CASE WHEN lo IS NOT NULL THEN struct(lo AS offset, rank, "
             f"omin != omax AS shared) END) {by_value}) END AS at",
             # Write-read dependencies: on a record, the operations that sent its value, with the
             # offsets they were acknowledged at.
@@ -428,18 +423,25 @@ def _facts(history: Histories) -> DataFrame:
     return facts
 
 
+# A witness's `fill`: where its `skipped` list, null in its JSON text until `_skipped_listed`, is
+# looked up: the offsets of the log of `key` ranked rank - 1 down to rank - n.
+_FILL = "STRUCT<key: STRING, rank: INT, n: INT>"
+_NO_FILL = f"CAST(NULL AS {_FILL}) AS fill"
+
+
 def _witness(kind: str, df: DataFrame, fields: str, s1: str, s3: str, weight: str = "1") -> DataFrame:
     """Pack a type's rows as (type, sort keys, weight, JSON text) so all types share one table."""
     return df.selectExpr(
         "_fid", f"'{kind}' AS type", f"CAST({s1} AS LONG) AS s1", "CAST(key AS STRING) AS s2", f"CAST({s3} AS LONG) AS s3",
         f"CAST({weight} AS LONG) AS weight",
-        f"to_json(named_struct({fields}), map('ignoreNullFields', 'false')) AS json",
+        f"to_json(named_struct({fields}), map('ignoreNullFields', 'false')) AS json", _NO_FILL,
     )
 
 
 def _witnesses(df: DataFrame, cases: list[tuple[str, str, str, str, str]]) -> DataFrame:
     """`_witness` for several types (or shapes) from one table, computed once: cases are (type,
-    condition, fields, s1, s3), their conditions exclusive."""
+    condition, fields, s1, s3[, fill]), their conditions exclusive; `fill`, where the witness's
+    `skipped` list is to be looked up (see _FILL)."""
     conds = [f"({c[1]})" for c in cases]
 
     def case(values: list[str]) -> str:
@@ -449,6 +451,7 @@ def _witnesses(df: DataFrame, cases: list[tuple[str, str, str, str, str]]) -> Da
         "_fid", f"{case([repr(c[0]) for c in cases])} AS type", f"CAST({case([c[3] for c in cases])} AS LONG) AS s1",
         "CAST(key AS STRING) AS s2", f"CAST({case([c[4] for c in cases])} AS LONG) AS s3", "CAST(1 AS LONG) AS weight",
         case([f"to_json(named_struct({c[2]}), map('ignoreNullFields', 'false'))" for c in cases]) + " AS json",
+        f"CAST({case([c[5] if len(c) > 5 else 'NULL' for c in cases])} AS {_FILL}) AS fill",
     )
 
 
@@ -650,11 +653,13 @@ def _chain_epochs(history: Histories) -> DataFrame:
                  .alias("assigns")))
 
 
-def _skip(a: str, count: str, nexts: str) -> tuple[str, str]:
-    """(condition, witness fields) of a skip from offset column `a` to b: b > a + 1 without
-    computing a + 1, over `count` offsets the log holds between them (listed from `nexts`)."""
+def _skip(a: str, count: str, rank: str) -> tuple[str, str, str]:
+    """(condition, witness fields, fill) of a skip from offset column `a`, ranked `rank` in the
+    log, to b: b > a + 1 without computing a + 1, over `count` offsets the log holds between
+    them, the first SKIPPED_SHOWN of which `_skipped_listed` puts in the witness."""
     return (f"b > {a} AND b - 1 > {a} AND {count} > 0",
-            f"'skipped', filter({nexts}, x -> x IS NOT NULL AND x < b), 'skipped_count', {count}, ")
+            f"'skipped', CAST(NULL AS ARRAY<BIGINT>), 'skipped_count', {count}, ",
+            f"named_struct('key', key, 'rank', {rank}, 'n', least({count}, {SKIPPED_SHOWN}))")
 
 
 def _orders(facts: DataFrame, history: Histories) -> DataFrame:
@@ -673,7 +678,7 @@ def _orders(facts: DataFrame, history: Histories) -> DataFrame:
             .join(F.broadcast(_chain_epochs(history)), ["_fid", "process"], "left")
             .selectExpr("*", "CASE WHEN kind = 'r' THEN size(filter(coalesce(assigns, array()), x -> x.op < op "
                              "AND (NOT array_contains(x.keys, key) OR x.rewinds))) END AS epoch",
-                        "CASE WHEN kind = 'r' THEN struct(offset, rank, nexts, false AS shared) ELSE at END AS here")
+                        "CASE WHEN kind = 'r' THEN struct(offset, rank, false AS shared) ELSE at END AS here")
             .selectExpr("*", f"lag(struct(op, here, value)) OVER ({order}) AS prev",
                         "last(CASE WHEN type IN ('ok', 'info') THEN struct(op, here.offset AS at, value) END, true) "
                         f"OVER ({order} ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS sent",
@@ -684,25 +689,26 @@ def _orders(facts: DataFrame, history: Histories) -> DataFrame:
             .selectExpr("_fid", "kind", "process", "key", "op", "type", "moved", "epoch", "prev.op AS prev_op",
                         "coalesce(prev.op = op, false) AS inside", "sent",
                         "prev.here.offset AS a", "here.offset AS b", "prev.value AS va", "value AS vb",
-                        "prev.here.rank - here.rank - 1 AS skipped_count", "prev.here.nexts AS nexts",
+                        "prev.here.rank - here.rank - 1 AS skipped_count", "prev.here.rank AS a_rank",
                         "chain.op AS chain_op", "chain.epoch AS chain_epoch", "chain.here.offset AS ca",
-                        "chain.here.rank - here.rank - 1 AS chain_skipped", "chain.here.nexts AS chain_nexts"))
-    skip, skipped = _skip("a", "skipped_count", "nexts")
-    chain_skip, chain_skipped = _skip("ca", "chain_skipped", "chain_nexts")
+                        "chain.here.rank - here.rank - 1 AS chain_skipped", "chain.here.rank AS ca_rank"))
+    skip, skipped, fill = _skip("a", "skipped_count", "a_rank")
+    chain_skip, chain_skipped, chain_fill = _skip("ca", "chain_skipped", "ca_rank")
     head = "'process', CAST(process AS LONG), 'key', key, 'op', op, 'prev_offset', a, 'next_offset', b, "
     values = "'prev_value', va, 'next_value', vb, "
     chain = "'process', CAST(process AS LONG), 'key', key, 'prev_offset', ca, 'next_offset', b, "
     return _witnesses(rows, [
         ("int-poll-skip", f"kind = 'r' AND inside AND NOT moved AND {skip}", head + skipped + "'ops', array(op)",
-         "op", "a"),
+         "op", "a", fill),
         ("int-nonmonotonic-poll", "kind = 'r' AND inside AND NOT moved AND b <= a", head + "'ops', array(op)",
          "op", "b"),
         ("int-send-skip", f"kind = 's' AND inside AND {skip}", head + values + skipped + "'ops', array(op)",
-         "op", "a"),
+         "op", "a", fill),
         ("int-nonmonotonic-send", "kind = 's' AND inside AND b <= a", head + values + "'ops', array(op)",
          "op", "b"),
         ("poll-skip", f"kind = 'r' AND NOT inside AND chain_epoch = epoch AND {chain_skip}",
-         chain + chain_skipped + "'ops', array(chain_op, op)", "chain_op", "ca"),
+         chain + chain_skipped + "'ops', array(chain_op, op)", "chain_op", "ca",
+         chain_fill),
         ("nonmonotonic-poll", "kind = 'r' AND NOT inside AND chain_epoch = epoch AND b <= ca",
          chain + "'ops', array(chain_op, op)", "chain_op", "b"),
         ("nonmonotonic-send", "kind = 's' AND NOT inside AND type IN ('ok', 'info') AND b <= sent.at",
@@ -833,7 +839,30 @@ def _all_witnesses(spark: SparkSession, history: Histories, facts: DataFrame) ->
              _aborted_read(facts), _precommitted_read(facts), _final_summaries(facts), *_ownership(spark, history),
              *_consumption(facts),
              *_operation_stats(history)]
-    return reduce(DataFrame.union, parts)
+    return reduce(DataFrame.union, [p if "fill" in p.columns else p.selectExpr("*", _NO_FILL) for p in parts])
+
+
+def _skipped_listed(witnesses: DataFrame, facts: DataFrame) -> DataFrame | None:
+    """The witnesses (persisted) with every skip's `skipped` list filled in from the log's
+    offsets by rank, without `fill`; None when no witness has one to fill (every correct history),
+    so the log's offsets are not gathered at all. The list is not carried on every event of the
+    facts for the few skips: a history's events each carried SKIPPED_SHOWN offsets, a tenth of the
+    facts' and witnesses' time."""
+    holes = witnesses.filter("fill IS NOT NULL")
+    if holes.isEmpty():
+        return None
+    holes = holes.withColumn("wid", F.monotonically_increasing_id())
+    wanted = (holes.selectExpr("wid", "_fid", "fill.key AS key", "fill.rank AS from_rank",
+                               "explode(sequence(1, fill.n)) AS i")
+              .selectExpr("wid", "_fid", "key", "i", "from_rank - i AS rank"))
+    offsets = facts.filter("lo IS NOT NULL").select("_fid", "key", "rank", "lo").distinct()
+    lists = (wanted.join(offsets, ["_fid", "key", "rank"])
+             .groupBy("wid").agg(F.expr("array_sort(collect_list(struct(i, lo))).lo AS skipped")))
+    columns = [c for c in witnesses.columns if c not in ("json", "fill")]
+    filled = (holes.join(lists, "wid", "left")
+              .selectExpr(*columns, "replace(json, '\"skipped\":null', "
+                                    "concat('\"skipped\":', to_json(coalesce(skipped, array())))) AS json"))
+    return witnesses.filter("fill IS NULL").select(*columns, "json").unionByName(filled)
 
 
 def _analyse(spark: SparkSession, paths: list[str], limit: int,
@@ -844,10 +873,15 @@ def _analyse(spark: SparkSession, paths: list[str], limit: int,
     if not accepted:
         history.unpersist()
         return out
-    witnesses = facts = None
+    raw = witnesses = facts = None
     try:
         facts = _facts(history)
-        witnesses = _all_witnesses(spark, history, facts).persist(StorageLevel.MEMORY_AND_DISK)
+        raw = _all_witnesses(spark, history, facts).persist(StorageLevel.MEMORY_AND_DISK)
+        listed = _skipped_listed(raw, facts)
+        if listed is None:
+            witnesses = raw.drop("fill")
+        else:
+            witnesses = listed.persist(StorageLevel.MEMORY_AND_DISK)
         # Counts and the first `limit` witnesses of each type of each history in one job.
         by_type = Window.partitionBy("_fid", "type")
         ordered = by_type.orderBy("s1", "s2", "s3", "json")
@@ -870,8 +904,9 @@ def _analyse(spark: SparkSession, paths: list[str], limit: int,
                 _write_full(witnesses, fid, Path(full_dirs[fid]), found[fid], limit)
         return out
     finally:
-        if witnesses is not None:
-            witnesses.unpersist()
+        for df in (witnesses, raw):
+            if df is not None:
+                df.unpersist()
         if facts is not None:
             release(facts)
         history.unpersist()
