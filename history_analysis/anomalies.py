@@ -309,8 +309,8 @@ def _facts(history: Histories) -> DataFrame:
     chain's process from that assign on; of any process without a chain), `read_max` (the highest
     offset the final chain read), `complete`; per row of the log: `rank` (of its offset among the
     log's distinct offsets, highest first: the offsets between two are counted by their ranks,
-    and the few a witness lists are looked up by rank afterwards, `_skipped_listed`); `final` (a record of the final chain); per key and offset: `fvalues`,
-    `ffirst` (the values the final chain read there, and its first read (op, value)), `omin`,
+    and the few a witness lists are looked up by rank afterwards, `_skipped_listed`); `final` (a
+    record of the final chain); per key and offset: `fvalues`, `ffirst` (the values the final chain read there, and its first read (op, value)), `omin`,
     `omax` (the least and greatest value the log holds there); per key and value: `was_sent`,
     `was_read`, `was_read_ok`, `sent_not_failed`, `send_op`, `last_send_op` (its first and last
     sender), `vmin`, `vmax` (the lowest and highest offset the log holds it at), on a send `at`
@@ -438,7 +438,7 @@ def _witness(kind: str, df: DataFrame, fields: str, s1: str, s3: str, weight: st
     )
 
 
-def _witnesses(df: DataFrame, cases: list[tuple[str, str, str, str, str]]) -> DataFrame:
+def _witnesses(df: DataFrame, cases: list[tuple[str, ...]]) -> DataFrame:
     """`_witness` for several types (or shapes) from one table, computed once: cases are (type,
     condition, fields, s1, s3[, fill]), their conditions exclusive; `fill`, where the witness's
     `skipped` list is to be looked up (see _FILL)."""
