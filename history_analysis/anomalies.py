@@ -310,8 +310,8 @@ def _facts(history: Histories) -> DataFrame:
     offset the final chain read), `complete`; per row of the log: `rank` (of its offset among the
     log's distinct offsets, highest first: the offsets between two are counted by their ranks,
     and the few a witness lists are looked up by rank afterwards, `_skipped_listed`); `final` (a
-    record of the final chain); per key and offset: `fvalues`, `ffirst` (the values the final chain read there, and its first read (op, value)), `omin`,
-    `omax` (the least and greatest value the log holds there); per key and value: `was_sent`,
+    record of the final chain); per key and offset: `fvalues`, `ffirst` (the values the final
+    chain read there, and its first read (op, value)), `omin`, `omax` (the least and greatest value the log holds there); per key and value: `was_sent`,
     `was_read`, `was_read_ok`, `sent_not_failed`, `send_op`, `last_send_op` (its first and last
     sender), `vmin`, `vmax` (the lowest and highest offset the log holds it at), on a send `at`
     (offset, rank, shared: whether the log holds another value at that offset too) of the
