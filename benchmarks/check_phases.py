@@ -66,9 +66,9 @@ def main() -> int:
 def round_of_phases(spark, size, args, timed) -> None:
     with sized_for(spark, size):
         history = timed("load (read, check, pair, operations)", lambda: load_histories(spark, [args.history]))
-        facts = timed("facts", lambda: A._facts(history))
+        facts, keys = timed("facts", lambda: A._facts(history))
         timed("scan of every fact column", lambda: facts.selectExpr("sum(hash(*))").collect())
-        timed("witnesses", lambda: A._all_witnesses(spark, history, facts).selectExpr("count(json)").collect())
+        timed("witnesses", lambda: A._all_witnesses(spark, history, facts, keys)[0].selectExpr("count(json)").collect())
         edges, hubs = A._dependencies(facts)
         timed("edges, computed", lambda: edges.selectExpr("sum(size(rows))").collect())
         deps = timed("edges, computed and collected as Arrow columns",

@@ -298,9 +298,20 @@ _KNOWN_END = "(coalesce(CAST(known AS DECIMAL(20, 0)), -1) + 1)"
 _LATE_END = "(coalesce(CAST(late AS DECIMAL(20, 0)), -1) + 1)"
 
 
-def _facts(history: Histories) -> DataFrame:
-    """The events (`_events`), each with what the rules ask of its key, offset and value;
-    materialised (session.materialise: free it with session.release).
+# What a key's row in the keys table (`_facts`) holds besides _PRESENT and `complete`.
+_KEY_COLUMNS = ("_fid", "key", "start", "known", "late", "read_max", "final_end", "ok_read")
+# Which kinds of event a key has, each a column of the keys table: a witness query that needs a
+# kind no key has is not asked (a correct history of sends and polls has no `q`, `c` or mixed
+# operation, and few failed sends), sparing a scan of every event each.
+_PRESENT = {"has_processed": "kind = 'q'", "has_commit": "kind = 'c'", "has_final_record": "kind = 'f'",
+            "has_mixed": "mixed", "has_failed_send": "kind = 's' AND type = 'fail'"}
+
+
+def _facts(history: Histories) -> tuple[DataFrame, DataFrame]:
+    """The events (`_events`), each with what the rules ask of its key, offset and value, and
+    the keys: a row per key of what the rules ask of the key alone (`_KEY_COLUMNS`) and which
+    kinds of event it has (`_PRESENT`); both materialised (session.materialise: free them with
+    session.release).
 
     Added columns: `acked` (an acknowledged send), `lo` (the offset, for a row in the log); per
     key: `known` (the highest offset of the log), `start` ((op, process) of the last ok assign with
@@ -341,13 +352,14 @@ def _facts(history: Histories) -> DataFrame:
     per_key = (events.groupBy(*keyed)
                .agg(F.expr("max(lo) AS known"),
                     F.expr("max(CASE WHEN kind = 'a' THEN struct(op, process) END) AS start"),
-                    F.expr("max(CASE WHEN kind = 'e' THEN struct(op, offset) END) AS end_at"))
-               .selectExpr(*keyed, "known", "start", "end_at.offset AS any_end"))
+                    F.expr("max(CASE WHEN kind = 'e' THEN struct(op, offset) END) AS end_at"),
+                    *[F.expr(f"max({where}) AS {name}") for name, where in _PRESENT.items()])
+               .selectExpr(*keyed, "known", "start", "end_at.offset AS any_end", *_PRESENT))
     # A row per key, computed once: each query below that joins it would otherwise sort every
     # event by key again to aggregate them (a sort aggregate, for its structs).
     per_key = materialise(per_key)
     small = [per_key]
-    events = (events.join(F.broadcast(per_key), keyed)
+    events = (events.join(F.broadcast(per_key.drop(*_PRESENT)), keyed)
               .selectExpr("*", "coalesce(kind = 'r' AND process = start.process AND op > start.op, false) AS final"))
     chain = (events.groupBy(*keyed)
              .agg(F.expr("max(CASE WHEN lo IS NOT NULL AND op > start.op THEN lo END) AS late"),
@@ -357,17 +369,18 @@ def _facts(history: Histories) -> DataFrame:
                   # Where the chain's own reader last heard the log ends: another final reader may
                   # have heard a later end (a transaction marker written after the first had read).
                   F.expr("max(CASE WHEN kind = 'e' AND process = start.process AND op >= start.op "
-                         "THEN struct(op, offset) END).offset AS own_end")))
+                         "THEN struct(op, offset) END).offset AS own_end"),
+                  F.expr("max(kind = 'r' AND type = 'ok') AS ok_read")))
     # What is per key is computed here once, not on each of the key's events (the decimals of
     # `complete` are objects, not longs).
-    chain = materialise(
+    keys = materialise(
         chain.join(per_key, keyed)
-        .selectExpr(*keyed, "late", "read_max", "start", "known",
+        .selectExpr(*keyed, "late", "read_max", "start", "known", "ok_read", *_PRESENT,
                     "CASE WHEN start IS NULL THEN any_end ELSE own_end END AS final_end")
-        .selectExpr(*keyed, "late", "read_max", "final_end",
+        .selectExpr(*_KEY_COLUMNS, *_PRESENT,
                     f"start IS NOT NULL AND {_READ_TO} >= coalesce(final_end, {_KNOWN_END}) "
                     f"AND {_READ_TO} >= {_LATE_END} AS complete"))
-    small.append(chain)
+    chain = keys.select(*keyed, "late", "read_max", "final_end", "complete")
     desc = "PARTITION BY _fid, key ORDER BY lo DESC"
     # The final chain's records are in the log: per offset, they share a rank.
     offsets = (events.filter("lo IS NOT NULL").groupBy(*keyed, "lo")
@@ -420,13 +433,34 @@ def _facts(history: Histories) -> DataFrame:
         facts = materialise(facts)
     for df in (base, *small):
         release(df)
-    return facts
+    return facts, keys
 
 
 # A witness's `fill`: where its `skipped` list, null in its JSON text until `_skipped_listed`, is
 # looked up: the offsets of the log of `key` ranked rank - 1 down to rank - n.
 _FILL = "STRUCT<key: STRING, rank: INT, n: INT>"
 _NO_FILL = f"CAST(NULL AS {_FILL}) AS fill"
+
+# The rows of the facts each of these witness queries reads, by the type it finds (or the first of
+# several): few in a correct history. `_suspects` keeps the rows that meet any of them, so the
+# queries read that small table instead of every fact each.
+_SUSPECTS = {
+    "lost-write": "acked AND ((NOT was_read AND passed IS NOT NULL) "
+                  "OR struct(NOT completed AS late, op, pos) = first_missing)",
+    "unseen": "kind = 's' AND (acked OR type = 'ok') AND NOT was_read_ok",
+    # and resent-duplicate, inconsistent-offsets, reused-offset: a value at two offsets, or an offset holding two values.
+    "duplicate": "vmin != vmax OR omin != omax",
+    "unexpected": "kind = 'r' AND NOT was_sent",
+    # On every record, read_to > 0 and read_to > offset without read_to's decimals (objects): as
+    # read_max >= 0 and read_max >= offset, read_to being read_max + 1 when positive.
+    "uncommitted-read": "kind = 'r' AND type = 'ok' AND start IS NOT NULL AND read_max >= 0 "
+                        "AND ((size(fvalues) > 0 AND NOT array_contains(fvalues, value)) "
+                        "OR (size(fvalues) = 0 AND (read_max >= offset "
+                        "OR (final_end IS NOT NULL AND complete AND offset >= final_end))))",
+    "G1a": "kind = 'r' AND was_sent AND NOT sent_not_failed",
+    # Only an operation that both sends and polls can.
+    "precommitted-read": "mixed AND kind IN ('r', 's')",
+}
 
 
 def _witness(kind: str, df: DataFrame, fields: str, s1: str, s3: str, weight: str = "1") -> DataFrame:
@@ -457,7 +491,7 @@ def _witnesses(df: DataFrame, cases: list[tuple[str, ...]]) -> DataFrame:
 
 def _aborted_read(facts: DataFrame) -> DataFrame:
     """G1a: values a poll of any outcome returned whose every send failed."""
-    rows = (facts.filter("kind = 'r' AND was_sent AND NOT sent_not_failed")
+    rows = (facts.filter(_SUSPECTS["G1a"])
             .groupBy("_fid", "key", "value")
             .agg(F.min_by("offset", F.struct("op", "pos")).alias("offset"), F.min("op").alias("read_op"),
                  F.size(F.collect_set("op")).alias("reads"), F.first("send_op").alias("send_op")))
@@ -469,8 +503,8 @@ def _aborted_read(facts: DataFrame) -> DataFrame:
 
 def _precommitted_read(facts: DataFrame) -> DataFrame:
     """An operation of any outcome whose poll returned a value that the same operation sent."""
-    # Only an operation that both sends and polls can; the filter spares the window a sort of every event.
-    rows = (facts.filter("mixed AND kind IN ('r', 's')")
+    # The filter spares the window a sort of every event.
+    rows = (facts.filter(_SUSPECTS["precommitted-read"])
             .selectExpr("*", "max(kind = 's') OVER (PARTITION BY _fid, key, value, op) AS own")
             .filter("kind = 'r' AND own"))
     return _witness("precommitted-read", rows,
@@ -527,7 +561,7 @@ def _duplicate_and_inconsistent(facts: DataFrame) -> list[DataFrame]:
 
 
 def _unexpected(facts: DataFrame) -> DataFrame:
-    rows = (facts.filter("kind = 'r' AND NOT was_sent")
+    rows = (facts.filter(_SUSPECTS["unexpected"])
             .groupBy("_fid", "key", "value")
             .agg(F.min_by("offset", F.struct("op", "pos")).alias("offset"),
                  F.array_sort(F.collect_set("offset")).alias("offsets"),
@@ -539,8 +573,9 @@ def _unexpected(facts: DataFrame) -> DataFrame:
         "all_ops[0]", "value")
 
 
-def _consumption(facts: DataFrame) -> list[DataFrame]:
-    """duplicate-consumption and lost-consumption (see the module docstring)."""
+def _consumption(facts: DataFrame, present: dict[str, bool]) -> list[DataFrame]:
+    """duplicate-consumption and lost-consumption (see the module docstring); each only when some
+    key has the events it needs (processed records; commits)."""
     twice = (facts.filter("kind = 'q' AND type = 'ok'").groupBy("_fid", "key", "offset")
              .agg(F.sort_array(F.collect_set(F.struct("op", "process", "value"))).alias("by"))
              .filter("size(by) > 1"))
@@ -556,9 +591,10 @@ def _consumption(facts: DataFrame) -> list[DataFrame]:
     lost = (facts.filter("lo IS NOT NULL").selectExpr("_fid", "key", "lo AS offset", "value")
             .join(F.broadcast(committed), ["_fid", "key"]).filter("offset < upto").distinct()
             .join(maybe, ["_fid", "key", "offset"], "left_anti"))
-    return [dup, _witness("lost-consumption", lost,
-                          "'key', key, 'offset', offset, 'value', value, 'committed', upto, "
-                          "'committed_op', committed_op, 'ops', array(committed_op)", "committed_op", "offset")]
+    lost = _witness("lost-consumption", lost,
+                    "'key', key, 'offset', offset, 'value', value, 'committed', upto, "
+                    "'committed_op', committed_op, 'ops', array(committed_op)", "committed_op", "offset")
+    return [df for df, needs in ((dup, "has_processed"), (lost, "has_commit")) if present[needs]]
 
 
 def _ownership(spark: SparkSession, history: Histories) -> list[DataFrame]:
@@ -589,25 +625,22 @@ def _ownership(spark: SparkSession, history: Histories) -> list[DataFrame]:
         rows, "_fid LONG, type STRING, s1 LONG, s2 STRING, s3 LONG, weight LONG, json STRING")]
 
 
-def _final_summaries(facts: DataFrame) -> DataFrame:
+def _final_summaries(facts: DataFrame, keys: DataFrame, present: dict[str, bool]) -> DataFrame:
     """One internal row per key with a final chain, any evidence in its log, or a final-reads
     record: what the final reads showed (`Analysis.final_reads`), and whether an ok poll read the
     key (for the note on keys uncommitted-read cannot judge)."""
-    # Numbers and booleans only (a hash aggregate); the values are the key's, on every row.
-    per_key = (facts.groupBy("_fid", "key")
-               .agg(F.max("start.op").alias("assign"), F.max("final_end").alias("final_end"),
-                    F.max("read_max").alias("read_max"), F.max("known").alias("known"), F.max("late").alias("late"),
-                    F.max("complete").alias("complete"), F.max(F.expr("kind = 'r' AND type = 'ok'")).alias("ok_read")))
     # The latest completed final-reads operation naming the key (in one record, the last entry),
     # one that says anything of its log (offset 1) first.
     records = (facts.filter("kind = 'f'").groupBy("_fid", "key")
                .agg(F.max(F.expr("struct(offset, op, pos, value)")).alias("record")))
-    rows = (per_key.join(records, ["_fid", "key"], "left")
-            .filter("assign IS NOT NULL OR known IS NOT NULL OR record IS NOT NULL"))
-    return rows.selectExpr(
+    if present["has_final_record"]:
+        rows = keys.join(records, ["_fid", "key"], "left")
+    else:
+        rows = keys.selectExpr("*", f"CAST(NULL AS {records.schema['record'].dataType.simpleString()}) AS record")
+    return rows.filter("start IS NOT NULL OR known IS NOT NULL OR record IS NOT NULL").selectExpr(
         "_fid", f"'{_FINAL}' AS type", "CAST(0 AS LONG) AS s1", "key AS s2", "CAST(0 AS LONG) AS s3",
         "CAST(1 AS LONG) AS weight",
-        f"to_json(named_struct('key', key, 'assign', assign, 'end', final_end, 'read_to', {_READ_TO}, "
+        f"to_json(named_struct('key', key, 'assign', start.op, 'end', final_end, 'read_to', {_READ_TO}, "
         f"'known_end', {_KNOWN_END}, 'late_end', {_LATE_END}, 'complete', complete, "
         f"'outcome', {_OUTCOME}, 'ok_read', ok_read), "
         "map('ignoreNullFields', 'false')) AS json")
@@ -618,7 +651,7 @@ def _lost_write(facts: DataFrame) -> DataFrame:
     one the complete final log, whose end is known, does not hold at its offset (second rule: once
     per value, at its first acknowledged send in history order, unless the first rule names it)."""
     passed_over = "NOT was_read AND passed IS NOT NULL"
-    return _witnesses(facts.filter("acked"), [
+    return _witnesses(facts.filter(_SUSPECTS["lost-write"]), [
         ("lost-write", passed_over,
          "'key', key, 'value', value, 'offset', offset, 'send_op', op, 'read_op', passed.op, "
          "'read_offset', passed.offset, 'ops', array(op, passed.op)",
@@ -632,7 +665,7 @@ def _lost_write(facts: DataFrame) -> DataFrame:
 
 def _unseen(facts: DataFrame) -> DataFrame:
     """Acknowledged sends, and ok sends whose offset the client could not learn, that no ok poll returned."""
-    rows = (facts.filter("kind = 's' AND (acked OR type = 'ok') AND NOT was_read_ok")
+    rows = (facts.filter(_SUSPECTS["unseen"])
             .selectExpr("*", "row_number() OVER (PARTITION BY _fid, key ORDER BY op, pos) AS rn")
             .groupBy("_fid", "key")
             .agg(F.count(F.lit(1)).alias("n"),
@@ -725,12 +758,7 @@ def _uncommitted_read(facts: DataFrame) -> DataFrame:
     # position moved past them); only `ok` polls are judged against it. Every
     # condition is the record's own (its key's, offset's and value's): the few
     # records that meet them are grouped.
-    # On every record, read_to > 0 and read_to > offset without read_to's decimals (objects): as
-    # read_max >= 0 and read_max >= offset, read_to being read_max + 1 when positive.
-    rows = (facts.filter("kind = 'r' AND type = 'ok' AND start IS NOT NULL")
-            .filter("read_max >= 0 AND ((size(fvalues) > 0 AND NOT array_contains(fvalues, value)) "
-                    "OR (size(fvalues) = 0 AND (read_max >= offset "
-                    "OR (final_end IS NOT NULL AND complete AND offset >= final_end))))")
+    rows = (facts.filter(_SUSPECTS["uncommitted-read"])
             .groupBy("_fid", "key", "offset", "value")
             .agg(F.min("op").alias("op"), *[F.first(c).alias(c) for c in (
                 "ffirst", "start", "final_end", "read_max")]))
@@ -832,14 +860,36 @@ def analyse_many(spark: SparkSession, paths: list[str | os.PathLike], limit: int
         gc.collect()
 
 
-def _all_witnesses(spark: SparkSession, history: Histories, facts: DataFrame) -> DataFrame:
-    """Every witness of every type, and the internal summaries (_INTERNAL), as one table."""
-    parts = [_lost_write(facts), _unseen(facts), *_duplicate_and_inconsistent(facts), _unexpected(facts),
-             _orders(facts, history), _uncommitted_read(facts),
-             _aborted_read(facts), _precommitted_read(facts), _final_summaries(facts), *_ownership(spark, history),
-             *_consumption(facts),
-             *_operation_stats(history)]
-    return reduce(DataFrame.union, [p if "fill" in p.columns else p.selectExpr("*", _NO_FILL) for p in parts])
+def _present(keys: DataFrame) -> dict[str, bool]:
+    """Which kinds of event (_PRESENT) some key of some history has."""
+    row = keys.agg(*[F.expr(f"coalesce(max({name}), false) AS {name}") for name in _PRESENT]).collect()[0]
+    return {name: bool(row[name]) for name in _PRESENT}
+
+
+def _all_witnesses(spark: SparkSession, history: Histories, facts: DataFrame, keys: DataFrame
+                   ) -> tuple[DataFrame, DataFrame]:
+    """Every witness of every type, and the internal summaries (_INTERNAL), as one table; and the
+    suspects it reads (materialised: release it once the table is no longer read). A type whose
+    rule needs a kind of event no key has is not asked: it has no witness."""
+    present = _present(keys)
+    # G1a needs a value whose every send failed; precommitted-read an operation that sends and polls.
+    asked = [t for t in _SUSPECTS if (t != "G1a" or present["has_failed_send"])
+             and (t != "precommitted-read" or present["has_mixed"])]
+    suspects = materialise(facts.filter(" OR ".join(f"({_SUSPECTS[t]})" for t in asked)))
+    try:
+        parts = [_lost_write(suspects), _unseen(suspects), *_duplicate_and_inconsistent(suspects),
+                 _unexpected(suspects), _uncommitted_read(suspects),
+                 _orders(facts, history), _final_summaries(facts, keys, present), *_ownership(spark, history),
+                 *_consumption(facts, present), *_operation_stats(history)]
+        if "G1a" in asked:
+            parts.append(_aborted_read(suspects))
+        if "precommitted-read" in asked:
+            parts.append(_precommitted_read(suspects))
+        table = reduce(DataFrame.union, [p if "fill" in p.columns else p.selectExpr("*", _NO_FILL) for p in parts])
+    except BaseException:
+        release(suspects)
+        raise
+    return table, suspects
 
 
 def _skipped_listed(witnesses: DataFrame, facts: DataFrame) -> DataFrame | None:
@@ -872,10 +922,11 @@ def _analyse(spark: SparkSession, paths: list[str], limit: int,
     if not accepted:
         history.unpersist()
         return out
-    raw = witnesses = facts = None
+    raw = witnesses = facts = keys = suspects = None
     try:
-        facts = _facts(history)
-        raw = _all_witnesses(spark, history, facts).persist(StorageLevel.MEMORY_AND_DISK)
+        facts, keys = _facts(history)
+        raw, suspects = _all_witnesses(spark, history, facts, keys)
+        raw = raw.persist(StorageLevel.MEMORY_AND_DISK)
         listed = _skipped_listed(raw, facts)
         if listed is None:
             witnesses = raw.drop("fill")
@@ -906,8 +957,9 @@ def _analyse(spark: SparkSession, paths: list[str], limit: int,
         for df in (witnesses, raw):
             if df is not None:
                 df.unpersist()
-        if facts is not None:
-            release(facts)
+        for df in (facts, keys, suspects):
+            if df is not None:
+                release(df)
         history.unpersist()
 
 
