@@ -319,19 +319,19 @@ def _facts(history: Histories) -> tuple[DataFrame, DataFrame]:
     completed after that assign), `final_end` (the latest ok `end_offsets` entry for it of the
     chain's process from that assign on; of any process without a chain), `read_max` (the highest
     offset the final chain read), `complete`; per row of the log: `rank` (of its offset among the
-    log's distinct offsets, highest first: the offsets between two are counted by their ranks,
-    and the few a witness lists are looked up by rank afterwards, `_skipped_listed`); `final` (a
-    record of the final chain); per key and offset: `fvalues`, `ffirst` (the values the final
-    chain read there, and its first read (op, value)), `omin`, `omax` (the least and greatest value the log holds there); per key and value: `was_sent`,
-    `was_read`, `was_read_ok`, `sent_not_failed`, `send_op`, `last_send_op` (its first and last
-    sender), `vmin`, `vmax` (the lowest and highest offset the log holds it at), on a send `at`
-    (offset, rank, shared: whether the log holds another value at that offset too) of the
-    send's place in the version order (its acknowledged offset, or else its value's position; null:
-    unknown), on a record `senders` (the operations that sent its value, each with the offset it
-    was acknowledged at); for lost-write, `passed` (on an acknowledged send: (op, offset) of the
-    earliest ok poll that returned a higher offset), `passed_any` and `first_missing` (per value: a
-    poll passed an acknowledged send of it; (late, op, pos) of its first acknowledged send the
-    complete final log lacks).
+    log's distinct offsets, highest first: the offsets between two are counted by their ranks, and
+    the few a witness lists are looked up by rank afterwards, `_skipped_listed`); `final` (a record
+    of the final chain); per key and offset: `fvalues`, `ffirst` (the values the final chain read
+    there, and its first read (op, value)), `omin`, `omax` (the least and greatest value the log
+    holds there); per key and value: `was_sent`, `was_read`, `was_read_ok`, `sent_not_failed`,
+    `send_op`, `last_send_op` (its first and last sender), `vmin`, `vmax` (the lowest and highest
+    offset the log holds it at), on a send `at` (offset, rank, shared: whether the log holds
+    another value at that offset too) of the send's place in the version order (its acknowledged
+    offset, or else its value's position; null: unknown), on a record `senders` (the operations
+    that sent its value, each with the offset it was acknowledged at); for lost-write, `passed` (on
+    an acknowledged send: (op, offset) of the earliest ok poll that returned a higher offset),
+    `passed_any` and `first_missing` (per value: a poll passed an acknowledged send of it; (late,
+    op, pos) of its first acknowledged send the complete final log lacks).
 
     No window spans a key's events: a window holds each of its groups whole in one buffer, and a
     key of a long history has millions of events, which spilled in thousands of pieces that
@@ -442,13 +442,14 @@ _FILL = "STRUCT<key: STRING, rank: INT, n: INT>"
 _NO_FILL = f"CAST(NULL AS {_FILL}) AS fill"
 
 # The rows of the facts each of these witness queries reads, by the type it finds (or the first of
-# several): few in a correct history. `_suspects` keeps the rows that meet any of them, so the
-# queries read that small table instead of every fact each.
+# several): few in a correct history. `_all_witnesses` materialises the facts that meet any of
+# them once, and these queries read that small table instead of every fact each.
 _SUSPECTS = {
     "lost-write": "acked AND ((NOT was_read AND passed IS NOT NULL) "
                   "OR struct(NOT completed AS late, op, pos) = first_missing)",
     "unseen": "kind = 's' AND (acked OR type = 'ok') AND NOT was_read_ok",
-    # and resent-duplicate, inconsistent-offsets, reused-offset: a value at two offsets, or an offset holding two values.
+    # and resent-duplicate, inconsistent-offsets, reused-offset: a value at two offsets, or an
+    # offset holding two values.
     "duplicate": "vmin != vmax OR omin != omax",
     "unexpected": "kind = 'r' AND NOT was_sent",
     # On every record, read_to > 0 and read_to > offset without read_to's decimals (objects): as
@@ -461,6 +462,9 @@ _SUSPECTS = {
     # Only an operation that both sends and polls can.
     "precommitted-read": "mixed AND kind IN ('r', 's')",
 }
+# The kind of event (_PRESENT) without which a query of _SUSPECTS finds nothing: G1a needs a value
+# whose every send failed; precommitted-read an operation that sends and polls.
+_SUSPECT_NEEDS = {"G1a": "has_failed_send", "precommitted-read": "has_mixed"}
 
 
 def _witness(kind: str, df: DataFrame, fields: str, s1: str, s3: str, weight: str = "1") -> DataFrame:
@@ -872,9 +876,7 @@ def _all_witnesses(spark: SparkSession, history: Histories, facts: DataFrame, ke
     suspects it reads (materialised: release it once the table is no longer read). A type whose
     rule needs a kind of event no key has is not asked: it has no witness."""
     present = _present(keys)
-    # G1a needs a value whose every send failed; precommitted-read an operation that sends and polls.
-    asked = [t for t in _SUSPECTS if (t != "G1a" or present["has_failed_send"])
-             and (t != "precommitted-read" or present["has_mixed"])]
+    asked = [t for t in _SUSPECTS if t not in _SUSPECT_NEEDS or present[_SUSPECT_NEEDS[t]]]
     suspects = materialise(facts.filter(" OR ".join(f"({_SUSPECTS[t]})" for t in asked)))
     try:
         parts = [_lost_write(suspects), _unseen(suspects), *_duplicate_and_inconsistent(suspects),
