@@ -119,7 +119,14 @@ class ReplicaManager(MetadataWatch, LeaderDuties, FollowerFetcher):
         """Ask the controller to move leadership away, and wait until it has (or give up)."""
         if not self.replicated or not self.config["controlled.shutdown.enable"]:
             return
-        await asyncio.to_thread(self.zk.request_controlled_shutdown, self.me)
+        try:
+            await asyncio.to_thread(self.zk.request_controlled_shutdown, self.me)
+        except Exception as exc:  # noqa: BLE001 - e.g. the session expired while this broker was paused
+            # Kafka too stops without the controller's help once its controlled-shutdown attempts
+            # fail ("proceeding to do an unclean shutdown"): leadership moves when the session ends.
+            log.warning("controlled shutdown: cannot ask the controller (%s: %s); stopping without it",
+                        type(exc).__name__, exc)
+            return
         self._wake.set()
         attempts = self.config["controlled.shutdown.max.retries"] + 1
         wait_s = self.config["controlled.shutdown.retry.backoff.ms"] / 1000

@@ -26,6 +26,7 @@ from faultline.control.local_cluster import LocalCluster
 from faultline.control.net import Net
 from faultline.db.reference import ReferenceBrokerDB
 from faultline.models.history import HistoryWriter, read_history
+from faultline.control.wait import wait_until
 from faultline.models.spec import TestSpec
 from faultline.nemesis import grudges
 from faultline.nemesis.partition import PartitionNemesis
@@ -34,6 +35,7 @@ from faultline.runner.interpreter import Interpreter, NemesisClient
 from faultline.runner.store import create_run_dir
 from faultline.runner.testmap import heal_and_final
 from faultline.workloads import queue
+from faultline.workloads.queue import parse_key
 from faultline.workloads.generator import Once, Phases, clients, nemesis
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
@@ -59,6 +61,33 @@ def keys_around(db, spec: TestSpec, role: str) -> tuple[str, str, str]:
         if mine and other:
             return node, f"{topic}/{mine[0]}", f"{topic}/{other[0]}"
     raise AssertionError(f"no node is a {role} of one key and holds no replica of another: {replicas}")
+
+
+class PauseThenCommit(PauseNemesis):
+    """Pauses `node`; its heal resumes it and returns once the leader's high watermark of `key`
+    reaches `end`. What the leader wrote while its follower was paused is committed only when the
+    follower fetches it again (and, with the ISR below min.insync.replicas, not before the follower
+    is back in it: KAFKA-15583); the final reads read to the high watermark they find."""
+
+    def __init__(self, db, node: str, key: str, end: int):
+        super().__init__(db, [node])
+        self.key, self.end = key, end
+
+    def heal(self):
+        from confluent_kafka import Consumer, TopicPartition
+
+        value = super().heal()
+        consumer = Consumer({"bootstrap.servers": self.db.bootstrap, "group.id": "heal"})
+        try:
+            high = [None]
+
+            def committed() -> bool:
+                high[0] = consumer.get_watermark_offsets(TopicPartition(*parse_key(self.key)), timeout=5)[1]
+                return high[0] >= self.end
+            wait_until(committed, 60, lambda: f"{self.key}'s high watermark stayed {high[0]} < {self.end}")
+        finally:
+            consumer.close()
+        return value
 
 
 class QuickDB(ReferenceBrokerDB):
@@ -131,14 +160,14 @@ def test_a_send_whose_follower_is_paused_keeps_the_other_keys_acknowledged_offse
 
     def script(db, net):
         node, stalled, fine = keys_around(db, spec, "follower")
-        pause = PauseNemesis(db, [node])  # its only candidate: the follower of `stalled`
+        pause = PauseThenCommit(db, node, stalled, 2)  # its only candidate: the follower of `stalled`
         return ([clients(Once(send((stalled, 1), (fine, 2)))), nemesis(Once({"f": "pause", "seed": 1})),
                  clients(Once(send((stalled, 3), (fine, 4))))], [pause], (node, stalled, fine))
 
     ops, run_dir, (node, stalled, fine) = run(tmp_path, spec, script)
     mop = assert_partly_acknowledged(ops, stalled, fine)
     heal = completions(ops, "heal")[0]
-    assert heal["value"] == {"PauseNemesis": {"nodes": [node], "signal": "SIGCONT", "outcomes": {node: "healed"}}}
+    assert heal["value"] == {"PauseThenCommit": {"nodes": [node], "signal": "SIGCONT", "outcomes": {node: "healed"}}}
     assert "error" not in heal
     # The leader wrote it; once the follower was back it was committed, and the final reads read it.
     assert mop["value"] in final_log(ops).values()
@@ -176,9 +205,10 @@ def test_a_partition_cutting_off_one_keys_leader_keeps_the_other_keys_acknowledg
 
 def test_bounded_retries_whose_first_attempt_timed_out_end_indeterminate_not_failed(tmp_path):
     # Attempt 1: the leader appends, its follower is paused, the broker answers REQUEST_TIMED_OUT
-    # after 0.5 s. The follower leaves the ISR (1.5 s), so the leader's high watermark takes the
-    # record: it is committed. Attempt 2, 5 s later: ISR 1 < min.insync.replicas 2, refused before
-    # the append: NOT_ENOUGH_REPLICAS, the last of retries=1. The value is in the log.
+    # after 0.5 s. The follower leaves the ISR (1.5 s); with the ISR below min.insync.replicas the
+    # high watermark stays (KAFKA-15583). Attempt 2, 5 s later: ISR 1 < min.insync.replicas 2,
+    # refused before the append: NOT_ENOUGH_REPLICAS, the last of retries=1. The value is in the
+    # log, and committed once the resumed follower is back in the ISR.
     producer = {"acks": "all", "enable.idempotence": "false", "retries": "1", "request.timeout.ms": "500",
                 "retry.backoff.ms": "5000", "retry.backoff.max.ms": "5000", "message.timeout.ms": "20000",
                 "linger.ms": "0"}
@@ -188,7 +218,7 @@ def test_bounded_retries_whose_first_attempt_timed_out_end_indeterminate_not_fai
     def script(db, net):
         node, stalled, fine = keys_around(db, spec, "follower")
         return ([clients(Once(send((stalled, 1), (fine, 2)))), nemesis(Once({"f": "pause", "seed": 1})),
-                 clients(Once(send((stalled, 3))))], [PauseNemesis(db, [node])], (node, stalled, fine))
+                 clients(Once(send((stalled, 3))))], [PauseThenCommit(db, node, stalled, 2)], (node, stalled, fine))
 
     ops, run_dir, (node, stalled, fine) = run(tmp_path, spec, script)
     warm, test = completions(ops, "send")
