@@ -165,6 +165,10 @@ class Handlers:
         try:
             await self._create(name, self.state.config["num.partitions"], -1, auto=True)
         except BrokerError as exc:
+            if exc.code == ErrorCode.topic_already_exists:
+                # Created meanwhile, and not yet in this broker's metadata: Kafka answers
+                # LEADER_NOT_AVAILABLE, which clients retry (TOPIC_ALREADY_EXISTS they do not).
+                return ErrorCode.leader_not_available
             return exc.code
         return ErrorCode.none
 

@@ -18,6 +18,7 @@ from kazoo.client import KazooClient
 
 from faultline.control.wait import wait_until
 from tests.conftest import BrokerProcess
+from tests.wire import WireClient, partition_metadata
 
 
 class Cluster:
@@ -105,8 +106,26 @@ class Cluster:
                                        operation_timeout=10).values():
             fut.result(20)
         for p in range(partitions):
-            self.wait_state(name, p, lambda s: s["leader"] >= 0 and len(s["isr"]) == replication_factor,
-                            "a leader and a full ISR")
+            state = self.wait_state(name, p, lambda s: s["leader"] >= 0 and len(s["isr"]) == replication_factor,
+                                    "a leader and a full ISR")
+            # ZooKeeper says so before each broker's metadata does: a request sent to the leader
+            # straight away could find a partition it does not know yet.
+            for b in self.assignment(name)[p]:
+                self.wait_knows(b, name, p, state["leader"])
+
+    def wait_knows(self, broker: int, topic: str, partition: int, leader: int) -> None:
+        """Wait until `broker`'s own metadata names `leader` as the partition's."""
+        said: list = [None]
+
+        def knows() -> bool:
+            with WireClient("127.0.0.1", self.brokers[broker].port) as client:
+                try:
+                    said[0] = partition_metadata(client, topic, partition).leader_id
+                except StopIteration:  # the topic is not in its metadata yet
+                    said[0] = "no such partition"
+            return said[0] == leader
+        wait_until(knows, 30, lambda: f"broker {broker} never named {leader} the leader of {topic}-{partition} "
+                                      f"(last: {said[0]})")
 
     def producer(self, **conf) -> Producer:
         base = {"bootstrap.servers": self.bootstrap, "acks": "all", "enable.idempotence": True,
