@@ -24,9 +24,9 @@ import pytest
 from faultline.checker.check import check_paths
 from faultline.control.local_cluster import LocalCluster
 from faultline.control.net import Net
+from faultline.control.wait import wait_until
 from faultline.db.reference import ReferenceBrokerDB
 from faultline.models.history import HistoryWriter, read_history
-from faultline.control.wait import wait_until
 from faultline.models.spec import TestSpec
 from faultline.nemesis import grudges
 from faultline.nemesis.partition import PartitionNemesis
@@ -35,8 +35,8 @@ from faultline.runner.interpreter import Interpreter, NemesisClient
 from faultline.runner.store import create_run_dir
 from faultline.runner.testmap import heal_and_final
 from faultline.workloads import queue
-from faultline.workloads.queue import parse_key
 from faultline.workloads.generator import Once, Phases, clients, nemesis
+from faultline.workloads.queue import parse_key
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 
