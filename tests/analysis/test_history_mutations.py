@@ -138,7 +138,9 @@ def mutate(draw, lines: list[dict]) -> Mutated:
         raw[i] = dump(put(op, path, new))
         certain = None
         if typed(path) and path != ("process",) and new is not None:
-            if kind(old) != kind(new) and not (kind(old) == "list" and kind(new) == "list"):
+            # A null may stand where the field's type is allowed too (an info send's offset):
+            # replacing it breaks the format only sometimes.
+            if kind(old) not in (kind(new), "null") and not (kind(old) == "list" and kind(new) == "list"):
                 certain = True
             if kind(new) == "int" and not INT64_MIN <= new <= INT64_MAX:
                 certain = True
