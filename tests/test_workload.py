@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from faultline.nemesis.core import Schedule
 from faultline.workloads.generator import Context, Seq
-from faultline.workloads.queue import FinalReads, PollUnseen, QueueGenerator
+from faultline.workloads.queue import FinalReads, PollUnseen, QueueGenerator, settle_time
 
 KEYS = [f"t/{i}" for i in range(4)]
 
@@ -94,6 +94,29 @@ def test_final_reads_start_fresh_clients_read_to_the_named_ends_ask_again_and_re
                                  {"key": "t/1", "end": 0, "read_to": 0, "outcome": "reached"}]
     same = done(same, ctx, op)
     assert same.op(ctx) is None
+
+
+def test_final_reads_ask_again_only_after_the_ends_have_stood_for_the_settle_time():
+    # A high watermark stands still between the followers' fetches: ends asked twice within one
+    # fetch wait may agree on an end that then moves (an acks=1 leader's tail).
+    gen = FinalReads(("t/0",), seconds=30, fresh=True, settle=2.5)
+    ctx = one_thread(since=10.0)
+    op, gen = gen.op(ctx)
+    assert op["f"] == "assign" and op["at"] == 10.0, "the first assign is not held back"
+    gen = done(gen, ctx, op, end_offsets={"t/0": 1})
+    op, gen = gen.op(one_thread(since=10.1))
+    gen = done(gen, one_thread(since=10.3), op, mops=[{"f": "poll", "records": [{"key": "t/0", "offset": 0, "value": 5}]}])
+    op, gen = gen.op(one_thread(since=10.3))
+    assert (op["f"], op["seek_to_beginning"], op["at"]) == ("assign", False, 12.5), "2.5 s after the ends were learned"
+    moved = done(gen, one_thread(since=12.6), op, end_offsets={"t/0": 2})
+    op, moved = moved.op(one_thread(since=12.6))
+    moved = done(moved, one_thread(since=12.7), op, mops=[{"f": "poll", "records": [{"key": "t/0", "offset": 1, "value": 6}]}])
+    op, _ = moved.op(one_thread(since=12.7))
+    assert (op["f"], op["at"]) == ("assign", 15.1), "moved ends stand their own settle time"
+    # A slow poll that outlasts the settle time is not held back further.
+    slow = done(gen, one_thread(since=20.0), {"f": "poll", "mops": [{"f": "poll"}], "final": True})
+    assert slow.op(one_thread(since=20.0))[0]["at"] == 20.0
+    assert settle_time({}) == 1.5 and settle_time({"replica.fetch.wait.max.ms": "2000"}) == 3.0
 
 
 def test_final_reads_that_run_out_of_time_record_where_they_got_and_which_keys_were_unavailable():

@@ -496,8 +496,12 @@ class FinalReads:
     (`end_offsets` on the assign's completion), and poll until the consumer has read every key to
     that end. Then assign again without rewinding, to learn whether the ends moved meanwhile (a
     leader still bringing its followers up to date after the heal): done when they did not,
-    otherwise poll on to the new ends. A key whose end the broker could not say is asked again
-    (backing off); a crashed process starts over from the assign.
+    otherwise poll on to the new ends. That second assign comes no sooner than `settle` seconds
+    after the ends it checks were learned: an end is the high watermark, which stands still
+    between the followers' fetches however much the leader has acknowledged (acks=1), so ends
+    asked twice within that time agree without showing that they are final. A key whose end the
+    broker could not say is asked again (backing off); a crashed process starts over from the
+    assign.
 
     Whatever happens, the reader ends with its record: a `final-reads` operation whose
     `final_reads` says, per key, the end it aimed for, how far it read and whether it reached the
@@ -518,6 +522,8 @@ class FinalReads:
     closed: bool = False  # the record was given
     deadline: float | None = None
     backoff: float = 0.0  # seconds to wait before the next assign, doubling up to RETRY_MAX
+    settle: float = 0.0  # seconds the ends must stand before they are believed
+    learned: float | None = None  # when the ends aimed for were learned (run time, seconds)
 
     RETRY_MAX = 2.0
 
@@ -561,7 +567,11 @@ class FinalReads:
             op, at = None, since
         else:
             op = self._next()
-            at = since + (self.backoff if op["f"] == "assign" else 0.0)
+            at = since
+            if op["f"] == "assign":
+                at += self.backoff
+                if not op["seek_to_beginning"] and self.learned is not None:
+                    at = max(at, self.learned + self.settle)
             if at >= deadline:
                 op, at = None, max(since, deadline)
         if op is None:
@@ -589,10 +599,11 @@ class FinalReads:
             unavailable = dict(event.get("unavailable") or {})
             backoff = self._longer() if unavailable else 0.0
             if event.get("seek_to_beginning"):
-                return dataclasses.replace(self, targets=ends, positions={}, unavailable=unavailable, backoff=backoff)
+                return dataclasses.replace(self, targets=ends, positions={}, unavailable=unavailable, backoff=backoff,
+                                           learned=ctx.time)
             stable = not unavailable and set(ends) == set(self.keys) and ends == dict(self.targets or {})
             return dataclasses.replace(self, targets={**(self.targets or {}), **ends}, unavailable=unavailable,
-                                       stable=stable, backoff=backoff)
+                                       stable=stable, backoff=backoff, learned=ctx.time)
         positions = dict(self.positions)
         for mop in event.get("mops") or []:
             for rec in mop.get("records") or []:
@@ -872,6 +883,18 @@ def subscribe_workload(spec, clients_dir=None) -> Workload:
         bootstrap, spec.producer, spec.consumer, group_id=group_id))
 
 
+def settle_time(broker_settings: Mapping[str, str]) -> float:
+    """Seconds the final reads let the ends they read to stand before believing them (FinalReads):
+    a leader's high watermark moves on when its followers' next fetches come, and a follower's
+    fetch waits at the leader up to replica.fetch.wait.max.ms (500 ms unless the run sets it) for
+    data; one such wait and a second more for the follower's next fetch and the reader's ask."""
+    try:
+        wait_ms = int(broker_settings.get("replica.fetch.wait.max.ms", 500))
+    except ValueError:  # the broker refuses it at start; the wait is then moot
+        wait_ms = 500
+    return wait_ms / 1000 + 1.0
+
+
 # The one consumer group of a run whose consumers subscribe.
 GROUP = "faultline-group"
 
@@ -894,7 +917,8 @@ def queue_workload(spec, name: str, make_client, main=None) -> Workload:
 
     def final(unread: str | None = None):
         return EachThread(lambda thread: FinalReads(tuple(spec.keys), spec.final_time_limit, unread=unread,
-                                                    committed=traits.commit is not None and unread is None))
+                                                    committed=traits.commit is not None and unread is None,
+                                                    settle=settle_time(spec.broker_settings)))
 
     workers = EachThread(main or queue_main)
     return Workload(
