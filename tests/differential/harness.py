@@ -132,9 +132,17 @@ class Side:
         # ListOffsets, not Fetch: a follower serves consumer fetches too (KIP-392, fetch v11+), while
         # only the leader answers a consumer's ListOffsets (the earliest offset even while its high
         # watermark lags the start of its epoch, KIP-207).
+        # And its metadata names it leader: Kafka's produce path asks the metadata cache, which
+        # the controller's UpdateMetadata fills after the LeaderAndIsr that ListOffsets follows,
+        # and answers UNKNOWN_TOPIC_OR_PARTITION in between.
         def serving() -> bool:
             with self.client(node) as client:
-                return list_offset(client, topic, EARLIEST)[0] == ErrorCode.none
+                if list_offset(client, topic, EARLIEST)[0] != ErrorCode.none:
+                    return False
+                try:
+                    return partition_metadata(client, topic).leader_id == self.ids[node]
+                except StopIteration:  # the topic is not in its metadata yet
+                    return False
 
         wait_until(serving, 30, f"{self.system}: {node} serves {topic}-0 as its leader")
 
