@@ -110,11 +110,16 @@ def test_acks_1_loses_what_the_killed_leader_alone_held_and_acks_all_waits_for_a
         lost = results(unsafe)["anomalies"]["lost-write"]
         assert lost and all("acknowledged" in w["explanation"] for w in lost), system
         for run_dir in (unsafe, safe):
-            assert [k for k in nemesis(run_dir, "kill") if k["nodes"]], (system, run_dir)
+            kills = [k for k in nemesis(run_dir, "kill") if k["nodes"]]
+            assert kills and all("leader_of" in k for k in kills), (system, run_dir, kills)
         spec = json.loads((unsafe / "test.json").read_text())
         assert (spec["producer"]["acks"], spec["broker"]) == ("1", system.split()[0])
         safe_results = results(safe)
         assert safe_results["valid"] is True and safe_results["stats"]["by_f"]["send"]["ok"] > 0, system
+    # Each node's logs are collected into the run's folder, ZooKeeper's too.
+    [safe] = runs(rows[("acks-1-loses-on-leader-death", "reference")], "safe")
+    for node in ("n1", "n2", "n3", "zk1"):
+        assert any((safe / "nodes" / node).glob("*.log")), f"no log collected from {node}"
 
 
 def test_a_leader_alone_in_the_isr_acknowledges_what_an_unclean_election_then_loses(quick):
