@@ -105,12 +105,14 @@ def test_final_reads_ask_again_only_after_the_ends_have_stood_for_the_settle_tim
     assert op["f"] == "assign" and op["at"] == 10.0, "the first assign is not held back"
     gen = done(gen, ctx, op, end_offsets={"t/0": 1})
     op, gen = gen.op(one_thread(since=10.1))
-    gen = done(gen, one_thread(since=10.3), op, mops=[{"f": "poll", "records": [{"key": "t/0", "offset": 0, "value": 5}]}])
+    gen = done(gen, one_thread(since=10.3), op, mops=[{"f": "poll", "records": [{"key": "t/0", "offset": 0,
+                                                                              "value": 5}]}])
     op, gen = gen.op(one_thread(since=10.3))
     assert (op["f"], op["seek_to_beginning"], op["at"]) == ("assign", False, 12.5), "2.5 s after the ends were learned"
     moved = done(gen, one_thread(since=12.6), op, end_offsets={"t/0": 2})
     op, moved = moved.op(one_thread(since=12.6))
-    moved = done(moved, one_thread(since=12.7), op, mops=[{"f": "poll", "records": [{"key": "t/0", "offset": 1, "value": 6}]}])
+    moved = done(moved, one_thread(since=12.7), op, mops=[{"f": "poll", "records": [{"key": "t/0", "offset": 1,
+                                                                                  "value": 6}]}])
     op, _ = moved.op(one_thread(since=12.7))
     assert (op["f"], op["at"]) == ("assign", 15.1), "moved ends stand their own settle time"
     # A slow poll that outlasts the settle time is not held back further.

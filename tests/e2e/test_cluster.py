@@ -127,7 +127,7 @@ def run_with_a_power_loss(store, *extra: str) -> tuple[dict, list[dict], dict]:
     return results, outages, acknowledged
 
 
-def test_a_simultaneous_power_loss_loses_acknowledged_writes_unless_every_message_is_flushed(tmp_path, backend):
+def test_a_simultaneous_power_loss_loses_acknowledged_writes_that_no_one_flushed(tmp_path, backend):
     # Kafka leaves flushing to the OS: acks=all means every in-sync replica has the batch in
     # its page cache, and a power loss of all of them at once takes it away.
     results, outages, acknowledged = run_with_a_power_loss(tmp_path / "lazy", "--backend", backend)
