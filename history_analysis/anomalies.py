@@ -331,7 +331,10 @@ def _facts(history: Histories) -> tuple[DataFrame, DataFrame]:
     that sent its value, each with the offset it was acknowledged at); for lost-write, `passed` (on
     an acknowledged send: (op, offset) of the earliest ok poll that returned a higher offset),
     `passed_any` and `first_missing` (per value: a poll passed an acknowledged send of it; (late,
-    op, pos) of its first acknowledged send the complete final log lacks).
+    op, pos) of its first acknowledged send the complete final log lacks). The facts keep the
+    columns of `_NARROW` on every row, and the rest (but `known`, `late` and `final`, which
+    nothing reads) in one struct, `detail`, only on a row that meets a rule of `_SUSPECTS` (null
+    elsewhere: few rows of a correct history), which `_all_witnesses` unpacks.
 
     No window spans a key's events: a window holds each of its groups whole in one buffer, and a
     key of a long history has millions of events, which spilled in thousands of pieces that
@@ -427,6 +430,12 @@ def _facts(history: Histories) -> tuple[DataFrame, DataFrame]:
             f"min(CASE WHEN acked AND complete AND final_end IS NOT NULL AND NOT array_contains(fvalues, value) "
             f"THEN struct(NOT completed AS late, op, pos) END) {by_value} AS first_missing")
     )
+    # What only the witness queries of _SUSPECTS read is kept on the few rows that meet one of
+    # them, in one struct (null on every other row), so the table every later query scans holds
+    # the narrow columns alone.
+    suspect = " OR ".join(f"({where})" for where in _SUSPECTS.values())
+    detail = [c for c in facts.columns if c not in _NARROW and c not in ("known", "late", "final")]
+    facts = facts.selectExpr(*_NARROW, f"CASE WHEN {suspect} THEN struct({', '.join(detail)}) END AS detail")
     # The join by (key, offset) keeps the partitioning by key of both sides instead of shuffling
     # them again (the setting applies to the plan of this one query).
     with settings(base.sparkSession, {"spark.sql.requireAllClusterKeysForCoPartition": "false"}):
@@ -440,6 +449,11 @@ def _facts(history: Histories) -> tuple[DataFrame, DataFrame]:
 # looked up: the offsets of the log of `key` ranked rank - 1 down to rank - n.
 _FILL = "STRUCT<key: STRING, rank: INT, n: INT>"
 _NO_FILL = f"CAST(NULL AS {_FILL}) AS fill"
+
+# The columns of the facts that the queries over every fact read (orders, dependencies,
+# consumption, final summaries, skipped offsets); the rest are in `detail`, on suspects alone.
+_NARROW = ("_fid", "key", "kind", "op", "invoke", "process", "type", "offset", "value", "pos", "rolled_back", "moved",
+           "acked", "lo", "rank", "at", "senders", "send_op", "last_send_op")
 
 # The rows of the facts each of these witness queries reads, by the type it finds (or the first of
 # several): few in a correct history. `_all_witnesses` materialises the facts that meet any of
@@ -877,7 +891,8 @@ def _all_witnesses(spark: SparkSession, history: Histories, facts: DataFrame, ke
     rule needs a kind of event no key has is not asked: it has no witness."""
     present = _present(keys)
     asked = [t for t in _SUSPECTS if t not in _SUSPECT_NEEDS or present[_SUSPECT_NEEDS[t]]]
-    suspects = materialise(facts.filter(" OR ".join(f"({_SUSPECTS[t]})" for t in asked)))
+    suspects = materialise(facts.filter("detail IS NOT NULL").select(*_NARROW, "detail.*")
+                           .filter(" OR ".join(f"({_SUSPECTS[t]})" for t in asked)))
     try:
         parts = [_lost_write(suspects), _unseen(suspects), *_duplicate_and_inconsistent(suspects),
                  _unexpected(suspects), _uncommitted_read(suspects),
