@@ -354,10 +354,14 @@ def _facts(history: Histories) -> tuple[DataFrame, DataFrame]:
     events = base = materialise(events)
     per_key = (events.groupBy(*keyed)
                .agg(F.expr("max(lo) AS known"),
-                    F.expr("max(CASE WHEN kind = 'a' THEN struct(op, process) END) AS start"),
-                    F.expr("max(CASE WHEN kind = 'e' THEN struct(op, offset) END) AS end_at"),
+                    F.expr("max(CASE WHEN kind = 'a' THEN op END) AS start_op"),
+                    F.expr("max_by(CASE WHEN kind = 'a' THEN CAST(process AS LONG) END, "
+                           "CASE WHEN kind = 'a' THEN op END) AS start_process"),
+                    F.expr("max_by(CASE WHEN kind = 'e' THEN offset END, CASE WHEN kind = 'e' THEN op END) AS any_end"),
                     *[F.expr(f"max({where}) AS {name}") for name, where in _PRESENT.items()])
-               .selectExpr(*keyed, "known", "start", "end_at.offset AS any_end", *_PRESENT))
+               .selectExpr(*keyed, "known",
+                           "CASE WHEN start_op IS NOT NULL THEN struct(start_op AS op, "
+                           "CAST(start_process AS STRING) AS process) END AS start", "any_end", *_PRESENT))
     # A row per key, computed once: each query below that joins it would otherwise sort every
     # event by key again to aggregate them (a sort aggregate, for its structs).
     per_key = materialise(per_key)
@@ -371,8 +375,8 @@ def _facts(history: Histories) -> tuple[DataFrame, DataFrame]:
                          "AND op > start.op THEN offset - 1 END) AS read_max"),
                   # Where the chain's own reader last heard the log ends: another final reader may
                   # have heard a later end (a transaction marker written after the first had read).
-                  F.expr("max(CASE WHEN kind = 'e' AND process = start.process AND op >= start.op "
-                         "THEN struct(op, offset) END).offset AS own_end"),
+                  F.expr("max_by(CASE WHEN kind = 'e' AND process = start.process AND op >= start.op THEN offset END, "
+                         "CASE WHEN kind = 'e' AND process = start.process AND op >= start.op THEN op END) AS own_end"),
                   F.expr("max(kind = 'r' AND type = 'ok') AS ok_read")))
     # What is per key is computed here once, not on each of the key's events (the decimals of
     # `complete` are objects, not longs).
