@@ -362,8 +362,9 @@ def _facts(history: Histories) -> tuple[DataFrame, DataFrame]:
                .selectExpr(*keyed, "known",
                            "CASE WHEN start_op IS NOT NULL THEN struct(start_op AS op, "
                            "CAST(start_process AS STRING) AS process) END AS start", "any_end", *_PRESENT))
-    # A row per key, computed once: each query below that joins it would otherwise sort every
-    # event by key again to aggregate them (a sort aggregate, for its structs).
+    # A row per key, computed once: each query below that joins it would otherwise aggregate
+    # every event again. Maxima of longs (max_by), not of structs: a hash aggregate, where a
+    # struct's maximum is a sort aggregate, a sort of every event by key.
     per_key = materialise(per_key)
     small = [per_key]
     events = (events.join(F.broadcast(per_key.drop(*_PRESENT)), keyed)
