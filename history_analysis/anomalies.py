@@ -391,12 +391,19 @@ def _facts(history: Histories) -> tuple[DataFrame, DataFrame]:
     chain = keys.select(*keyed, "late", "read_max", "final_end", "complete")
     desc = "PARTITION BY _fid, key ORDER BY lo DESC"
     # The final chain's records are in the log: per offset, they share a rank.
-    offsets = (events.filter("lo IS NOT NULL").groupBy(*keyed, "lo")
-               .agg(F.expr("collect_set(CASE WHEN final THEN value END) AS fvalues"),
-                    F.expr("min(CASE WHEN final THEN struct(op, value) END) AS ffirst"),
+    # Per (offset, value) first, in a hash aggregate of longs: the aggregate of sets and structs
+    # below (a sort aggregate, in effect) then reads a row per pair, not each of its events.
+    pairs = (events.filter("lo IS NOT NULL").groupBy(*keyed, "lo", "value")
+             .agg(F.expr("max(final) AS held"), F.expr("min(CASE WHEN final THEN op END) AS final_op"),
+                  F.expr("min(CASE WHEN kind = 'r' AND type = 'ok' THEN op END) AS polled_op")))
+    offsets = (pairs.groupBy(*keyed, "lo")
+               .agg(F.expr("collect_set(CASE WHEN held THEN value END) AS fvalues"),
+                    F.expr("min(CASE WHEN held THEN struct(final_op AS op, value) END) AS ffirst"),
                     # Only an offset holding two values can be inconsistent or reused.
                     F.expr("min(value) AS omin"), F.expr("max(value) AS omax"),
-                    F.expr("min(CASE WHEN kind = 'r' AND type = 'ok' THEN struct(op, offset) END) AS polled"))
+                    # A record's offset is its `lo`.
+                    F.expr("min(CASE WHEN polled_op IS NOT NULL THEN struct(polled_op AS op, lo AS offset) END) "
+                           "AS polled"))
                .selectExpr(*keyed, "lo", "fvalues", "ffirst", "omin", "omax",
                            f"dense_rank() OVER ({desc}) AS rank",
                            # lost-write: the earliest ok poll that returned a higher offset.
