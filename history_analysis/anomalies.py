@@ -369,6 +369,7 @@ def _facts(history: Histories) -> tuple[DataFrame, DataFrame]:
     small = [per_key]
     events = (events.join(F.broadcast(per_key.drop(*_PRESENT)), keyed)
               .selectExpr("*", "coalesce(kind = 'r' AND process = start.process AND op > start.op, false) AS final"))
+    own = "kind = 'e' AND process = start.process AND op >= start.op"
     chain = (events.groupBy(*keyed)
              .agg(F.expr("max(CASE WHEN lo IS NOT NULL AND op > start.op THEN lo END) AS late"),
                   # The chain's consumer found the end past records it never returns (markers).
@@ -376,8 +377,7 @@ def _facts(history: Histories) -> tuple[DataFrame, DataFrame]:
                          "AND op > start.op THEN offset - 1 END) AS read_max"),
                   # Where the chain's own reader last heard the log ends: another final reader may
                   # have heard a later end (a transaction marker written after the first had read).
-                  F.expr("max_by(CASE WHEN kind = 'e' AND process = start.process AND op >= start.op THEN offset END, "
-                         "CASE WHEN kind = 'e' AND process = start.process AND op >= start.op THEN op END) AS own_end"),
+                  F.expr(f"max_by(CASE WHEN {own} THEN offset END, CASE WHEN {own} THEN op END) AS own_end"),
                   F.expr("max(kind = 'r' AND type = 'ok') AS ok_read")))
     # What is per key is computed here once, not on each of the key's events (the decimals of
     # `complete` are objects, not longs).
@@ -394,11 +394,11 @@ def _facts(history: Histories) -> tuple[DataFrame, DataFrame]:
     # Per (offset, value) first, in a hash aggregate of longs: the aggregate of sets and structs
     # below (a sort aggregate, in effect) then reads a row per pair, not each of its events.
     pairs = (events.filter("lo IS NOT NULL").groupBy(*keyed, "lo", "value")
-             .agg(F.expr("max(final) AS held"), F.expr("min(CASE WHEN final THEN op END) AS final_op"),
+             .agg(F.expr("min(CASE WHEN final THEN op END) AS final_op"),
                   F.expr("min(CASE WHEN kind = 'r' AND type = 'ok' THEN op END) AS polled_op")))
     offsets = (pairs.groupBy(*keyed, "lo")
-               .agg(F.expr("collect_set(CASE WHEN held THEN value END) AS fvalues"),
-                    F.expr("min(CASE WHEN held THEN struct(final_op AS op, value) END) AS ffirst"),
+               .agg(F.expr("collect_set(CASE WHEN final_op IS NOT NULL THEN value END) AS fvalues"),
+                    F.expr("min(CASE WHEN final_op IS NOT NULL THEN struct(final_op AS op, value) END) AS ffirst"),
                     # Only an offset holding two values can be inconsistent or reused.
                     F.expr("min(value) AS omin"), F.expr("max(value) AS omax"),
                     # A record's offset is its `lo`.
