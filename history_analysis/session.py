@@ -96,6 +96,24 @@ def java_options(inputs: list[int] | None) -> list[str]:
     return out
 
 
+# The runtime settings every analysis runs with.
+RUNTIME = {
+    # The analysis partitions its events by key once and answers every question inside those
+    # partitions; adaptive re-planning after each stage has nothing to gain there and costs a
+    # planning pass per stage.
+    "spark.sql.adaptive.enabled": "false",
+    # The cache holds a history's parsed lines only while it is loaded: building compressed
+    # columns took a tenth of loading 1M operations (33.6-37.1 s, 30.5-32.5 s without).
+    "spark.sql.inMemoryColumnarStorage.compressed": "false",
+    # No constraints derived from the plans' predicates: the analysis's filters are wide
+    # disjunctions (the suspects' rules), and a checkpoint (materialise) carries the constraints of
+    # its plan over to the new one by rewriting every one of them, which took 2.7 s of driver time
+    # for the suspects of a 1.5k-operation history, in a warm session, for a job of 0.03 s (0.06 s
+    # without). They only add null checks ahead of joins, which drop null keys anyway.
+    "spark.sql.constraintPropagation.enabled": "false",
+}
+
+
 def get_session(master: str = "local[2]", shuffle_partitions: int = 4, app_name: str = "faultline-check",
                 driver_memory: str | None = None, inputs: list[int] | None = None) -> SparkSession:
     """A SparkSession for the analysis; see the module docstring.
@@ -131,23 +149,18 @@ def get_session(master: str = "local[2]", shuffle_partitions: int = 4, app_name:
         .config("spark.serializer", "org.apache.spark.serializer.KryoSerializer")
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.sql.session.timeZone", "UTC")
-        # The analysis partitions its events by key once and answers every
-        # question inside those partitions; adaptive re-planning after each
-        # stage has nothing to gain there and costs a planning pass per stage.
-        .config("spark.sql.adaptive.enabled", "false")
-        # The cache holds a history's parsed lines only while it is loaded: building compressed
-        # columns took a tenth of loading 1M operations (33.6-37.1 s, 30.5-32.5 s without).
-        .config("spark.sql.inMemoryColumnarStorage.compressed", "false")
         .config("spark.driver.extraJavaOptions",
                 " ".join([f"-Dlog4j2.configurationFile=file:{_log4j_file()}", *java_options(inputs),
                           *class_archive.options()]))
         .config("spark.executor.extraJavaOptions", " ".join(java_options(inputs)))
     )
+    for key, value in RUNTIME.items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
-    spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions))
-    spark.conf.set("spark.sql.adaptive.enabled", "false")
-    spark.conf.set("spark.sql.inMemoryColumnarStorage.compressed", "false")
+    # A session this process already ran keeps its own runtime settings: the analysis's are set again.
+    for key, value in {**RUNTIME, "spark.sql.shuffle.partitions": str(shuffle_partitions)}.items():
+        spark.conf.set(key, value)
     return spark
 
 
