@@ -269,9 +269,11 @@ def _events(history: Histories) -> DataFrame:
     return reduce(DataFrame.unionByName, parts).repartition("_fid", "key")
 
 
-def _took_effect(history: Histories) -> DataFrame:
+def _took_effect(history: Histories) -> DataFrame | None:
     """The `info` operations, other than plain sends, that sent a value with an offset and took
-    effect (a poll returned one of their values): column op, small enough to broadcast.
+    effect (a poll returned one of their values): column op, small enough to broadcast; None when
+    no operation is a candidate (no `info` operation but plain sends sent with an offset: most
+    histories without transactions), so that the records of every poll are not read for none.
 
     Asked of the operations (not the events, so that the events are shuffled once): the few
     candidates are broadcast, and the records of every poll are looked up in them."""
@@ -280,6 +282,8 @@ def _took_effect(history: Histories) -> DataFrame:
                              "AND exists(mops, m -> m.f = 'send' AND m.offset IS NOT NULL)")
                   .selectExpr("_fid", "op AS writer", "explode(filter(mops, m -> m.f = 'send')) AS m")
                   .selectExpr("_fid", "writer", "m.key AS key", "m.value AS value"))
+    if candidates.isEmpty():
+        return None
     records = (ops.filter("exists(mops, m -> m.f = 'poll')")
                .selectExpr("_fid", "explode(flatten(transform(filter(mops, m -> m.f = 'poll'), "
                            "m -> coalesce(m.records, array())))) AS r")
@@ -345,7 +349,10 @@ def _facts(history: Histories) -> tuple[DataFrame, DataFrame]:
     sort by (key, offset) and one by (key, value) inside the key partitions.
     """
     keyed = ["_fid", "key"]
-    events = (_events(history).join(F.broadcast(_took_effect(history)), ["_fid", "op"], "left")
+    took_effect = _took_effect(history)
+    events = (_events(history).join(F.broadcast(took_effect), ["_fid", "op"], "left") if took_effect is not None
+              else _events(history).selectExpr("*", "CAST(NULL AS BOOLEAN) AS took_effect"))
+    events = (events
               .selectExpr("*", "kind = 's' AND offset IS NOT NULL AND (type = 'ok' OR (type = 'info' "
                                "AND (plain OR coalesce(took_effect, false)))) AS acked")
               .drop("took_effect", "plain")
@@ -824,7 +831,7 @@ def _operation_stats(history: Histories) -> list[DataFrame]:
 _CHUNKS = 16
 
 
-def _dependencies(facts: DataFrame) -> tuple[DataFrame, DataFrame]:
+def _dependencies(facts: DataFrame, history: Histories) -> tuple[DataFrame, DataFrame]:
     """The write-write and write-read dependencies between operations (result.DEPENDENCIES), and
     the operations that can lie on a cycle (the hubs), as flat tables for collecting as Arrow.
 
@@ -850,8 +857,13 @@ def _dependencies(facts: DataFrame) -> tuple[DataFrame, DataFrame]:
           .selectExpr("_fid", "key", "dst", "explode(CASE WHEN size(there) > 0 THEN there WHEN size(all) = 1 THEN all "
                                     "ELSE array() END) AS src")
           .filter("src != dst").select("_fid", "key", "src", "dst").distinct())
-    hubs = (facts.filter("kind = 'r' OR (kind = 's' AND at IS NOT NULL)")
-            .selectExpr("_fid", "op", "invoke", "CAST(process AS STRING) AS process", "type").distinct())
+    # The operations that returned a record (a row of kind 'r' each), found among the operations
+    # rather than the facts (five times as many rows, a correct history's); and those with a send
+    # whose position is known.
+    columns = ["_fid", "op", "invoke", "CAST(process AS STRING) AS process", "type"]
+    polled = history.operations.filter("process != 'nemesis' AND exists(mops, m -> m.f = 'poll' "
+                                       "AND size(m.records) > 0)").selectExpr(*columns)
+    hubs = polled.unionByName(facts.filter("kind = 's' AND at IS NOT NULL").selectExpr(*columns)).distinct()
     edges = (ww.selectExpr("_fid", "key", "'ww' AS kind", "src", "dst")
              .unionByName(wr.selectExpr("_fid", "key", "'wr' AS kind", "src", "dst"))
              .groupBy("_fid", "key", "kind", F.expr(f"pmod(hash(src, dst), {_CHUNKS}) AS chunk"))
@@ -974,7 +986,7 @@ def _analyse(spark: SparkSession, paths: list[str], limit: int,
         found: dict[int, dict[str, tuple[int, int, list[str]]]] = {fid: {} for fid in accepted}
         for r in sorted(rows, key=lambda r: (r["_fid"], r["type"], r["rn"])):
             found[r["_fid"]].setdefault(r["type"], (int(r["total"]), int(r["rows"]), []))[2].append(r["json"])
-        edges, hubs = _dependencies(facts)
+        edges, hubs = _dependencies(facts, history)
         dependencies = _collected(edges, DEPENDENCY_COLUMNS, ("kind", "key"), accepted)
         hub_rows = _collected(hubs, HUB_COLUMNS, ("process", "type"), accepted)
         for fid in accepted:

@@ -260,11 +260,14 @@ def _from_sidecars(spark: SparkSession, paths: list[str], found: list[tuple[Path
     try:
         with settings(spark, {"spark.sql.files.maxPartitionBytes": str(8 << 20)}):
             read = spark.read.schema(operations_table.spark_type()).parquet(*[_glob_escaped(f) for f, _ in found])
-            # Spark names each file by its URI: number them by their folder's place in `paths`.
-            uris = [r[0] for r in read.select("_metadata.file_path").distinct().collect()]
-            fid = {u: folders[str(Path(unquote(urlparse(u).path)).parent)] for u in uris}
-            items = ", ".join(f"{schema.sql_str(u)}, CAST({i} AS BIGINT)" for u, i in fid.items())
-            fid_of = F.expr(f"element_at(map({items}), _metadata.file_path)") if items else F.lit(0)
+            fid_of = F.lit(0)
+            if len(found) > 1:
+                # Spark names each file by its URI: number them by their folder's place in `paths`
+                # (a job of its own, which one history does without).
+                uris = [r[0] for r in read.select("_metadata.file_path").distinct().collect()]
+                fid = {u: folders[str(Path(unquote(urlparse(u).path)).parent)] for u in uris}
+                items = ", ".join(f"{schema.sql_str(u)}, CAST({i} AS BIGINT)" for u, i in fid.items())
+                fid_of = F.expr(f"element_at(map({items}), _metadata.file_path)") if items else F.lit(0)
             operations = materialise(read.select(fid_of.cast("bigint").alias("_fid"), "*"))
     except Exception as exc:  # noqa: BLE001 - a side-car Spark cannot read is stale; the JSON stays
         if not _is_spark_failure(exc):
