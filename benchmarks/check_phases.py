@@ -69,7 +69,7 @@ def round_of_phases(spark, size, args, timed) -> None:
         facts, keys = timed("facts", lambda: A._facts(history))
         timed("scan of every fact column", lambda: facts.selectExpr("sum(hash(*))").collect())
         timed("witnesses", lambda: A._all_witnesses(spark, history, facts, keys)[0].selectExpr("count(json)").collect())
-        edges, hubs = A._dependencies(facts, history)
+        edges, hubs = A._dependencies(facts)
         timed("edges, computed", lambda: edges.selectExpr("sum(size(rows))").collect())
         deps = timed("edges, computed and collected as Arrow columns",
                      lambda: A._collected(edges, DEPENDENCY_COLUMNS, ("kind", "key"), [0])[0])

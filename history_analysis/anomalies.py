@@ -831,7 +831,7 @@ def _operation_stats(history: Histories) -> list[DataFrame]:
 _CHUNKS = 16
 
 
-def _dependencies(facts: DataFrame, history: Histories) -> tuple[DataFrame, DataFrame]:
+def _dependencies(facts: DataFrame) -> tuple[DataFrame, DataFrame]:
     """The write-write and write-read dependencies between operations (result.DEPENDENCIES), and
     the operations that can lie on a cycle (the hubs), as flat tables for collecting as Arrow.
 
@@ -857,13 +857,8 @@ def _dependencies(facts: DataFrame, history: Histories) -> tuple[DataFrame, Data
           .selectExpr("_fid", "key", "dst", "explode(CASE WHEN size(there) > 0 THEN there WHEN size(all) = 1 THEN all "
                                     "ELSE array() END) AS src")
           .filter("src != dst").select("_fid", "key", "src", "dst").distinct())
-    # The operations that returned a record (a row of kind 'r' each), found among the operations
-    # rather than the facts (five times as many rows, a correct history's); and those with a send
-    # whose position is known.
-    columns = ["_fid", "op", "invoke", "CAST(process AS STRING) AS process", "type"]
-    polled = history.operations.filter("process != 'nemesis' AND exists(mops, m -> m.f = 'poll' "
-                                       "AND size(m.records) > 0)").selectExpr(*columns)
-    hubs = polled.unionByName(facts.filter("kind = 's' AND at IS NOT NULL").selectExpr(*columns)).distinct()
+    hubs = (facts.filter("kind = 'r' OR (kind = 's' AND at IS NOT NULL)")
+            .selectExpr("_fid", "op", "invoke", "CAST(process AS STRING) AS process", "type").distinct())
     edges = (ww.selectExpr("_fid", "key", "'ww' AS kind", "src", "dst")
              .unionByName(wr.selectExpr("_fid", "key", "'wr' AS kind", "src", "dst"))
              .groupBy("_fid", "key", "kind", F.expr(f"pmod(hash(src, dst), {_CHUNKS}) AS chunk"))
@@ -986,7 +981,7 @@ def _analyse(spark: SparkSession, paths: list[str], limit: int,
         found: dict[int, dict[str, tuple[int, int, list[str]]]] = {fid: {} for fid in accepted}
         for r in sorted(rows, key=lambda r: (r["_fid"], r["type"], r["rn"])):
             found[r["_fid"]].setdefault(r["type"], (int(r["total"]), int(r["rows"]), []))[2].append(r["json"])
-        edges, hubs = _dependencies(facts, history)
+        edges, hubs = _dependencies(facts)
         dependencies = _collected(edges, DEPENDENCY_COLUMNS, ("kind", "key"), accepted)
         hub_rows = _collected(hubs, HUB_COLUMNS, ("process", "type"), accepted)
         for fid in accepted:
