@@ -1038,6 +1038,8 @@ def _collected(df: DataFrame, names: tuple[str, ...], texts: tuple[str, ...], fi
     every = Columns(names, cols, texts)
     fid_of, repeats = column("_fid")
     fid_of = fid_of.to_numpy() if repeats is None else np.repeat(fid_of.to_numpy(), repeats)
+    if len(fids) == 1 and bool((fid_of == fids[0]).all()):
+        return {fids[0]: every.sorted()}  # one history's: no copy of its rows to pick them
     return {fid: every.take(fid_of == fid).sorted() for fid in fids}
 
 

@@ -74,17 +74,35 @@ class Columns(Sequence):
                                     for n, c in self._cols.items()], self.texts)
 
     def sorted(self) -> "Columns":
-        """The rows in tuple order (texts by their labels' order)."""
-        keys = []
-        for name in reversed(self.names):
+        """The rows in tuple order (texts by their labels' order); rows alike keep their order."""
+        if not self._len:
+            return self
+        # Neighbouring columns whose spans multiply to under 2^62 are sorted as one number (a row
+        # of the dependencies of 1M operations, its four columns in one: one stable sort of 4.8M
+        # numbers instead of a lexsort over four columns, a fifth of the time).
+        packed: list[np.ndarray] = []
+        span = 0
+        for name in self.names:
             if name in self.texts:
                 codes, labels = self._cols[name]
                 rank = np.empty(len(labels), dtype=np.int64)
                 rank[sorted(range(len(labels)), key=labels.__getitem__)] = np.arange(len(labels))
-                keys.append(rank[codes])
+                key = rank[codes]
             else:
-                keys.append(self._cols[name])
-        return self.take(np.lexsort(keys)) if self._len else self
+                key = self._cols[name]
+            low, high = int(key.min()), int(key.max())
+            if high - low >= 1 << 62:
+                # Too wide to shift to zero in 64 bits, let alone to share a number.
+                packed.append(key)
+                span = 1 << 62
+            elif packed and span * (high - low + 1) < 1 << 62:
+                packed[-1] = packed[-1] * (high - low + 1) + (key - low)
+                span *= high - low + 1
+            else:
+                packed.append(key - low)
+                span = high - low + 1
+        order = np.argsort(packed[0], kind="stable") if len(packed) == 1 else np.lexsort(packed[::-1])
+        return self.take(order)
 
     def _column_list(self, name: str, index) -> list:
         if name in self.texts:

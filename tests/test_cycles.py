@@ -284,6 +284,20 @@ def test_columns_hold_rows_as_a_list_of_tuples_would(rows, data):
     assert table.take(mask) == [r for r, m in zip(rows, mask) if m]
 
 
+# Columns.sorted sorts neighbouring columns as one number when their spans allow: every span, up
+# to the whole of 64 bits, and every neighbour, in rows that differ in one column or several.
+_wide_rows = st.lists(st.tuples(st.integers(-(2 ** 63), 2 ** 63 - 1), st.integers(-3, 3),
+                                st.sampled_from([0, 2 ** 40, -(2 ** 40)]), st.sampled_from(["a", "b", "c"])),
+                      max_size=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows=_wide_rows)
+def test_columns_sort_rows_of_any_span_as_tuples_sort(rows):
+    table = Columns.from_rows(("a", "b", "c", "d"), rows, texts=("d",))
+    assert table.sorted() == sorted(rows)
+
+
 # Node ids as operations (non-negative) and time points (negative) are, densely or sparsely spread:
 # on_cycles numbers dense ones through a table and sparse ones by sorting.
 _node_ids = st.one_of(st.integers(-20, 40), st.integers(-(2 ** 62), 2 ** 62))
