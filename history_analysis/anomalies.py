@@ -282,7 +282,8 @@ def _took_effect(history: Histories) -> DataFrame | None:
                              "AND exists(mops, m -> m.f = 'send' AND m.offset IS NOT NULL)")
                   .selectExpr("_fid", "op AS writer", "explode(filter(mops, m -> m.f = 'send')) AS m")
                   .selectExpr("_fid", "writer", "m.key AS key", "m.value AS value"))
-    if candidates.isEmpty():
+    # Without a client operation that ended `info` (the loaded stats count them) none is asked for.
+    if not any(stats.get("info") for stats in history.stats) or candidates.isEmpty():
         return None
     records = (ops.filter("exists(mops, m -> m.f = 'poll')")
                .selectExpr("_fid", "explode(flatten(transform(filter(mops, m -> m.f = 'poll'), "
