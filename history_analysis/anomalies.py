@@ -350,9 +350,9 @@ def _facts(history: Histories) -> tuple[DataFrame, DataFrame]:
     sort by (key, offset) and one by (key, value) inside the key partitions.
     """
     keyed = ["_fid", "key"]
-    took_effect = _took_effect(history)
-    events = (_events(history).join(F.broadcast(took_effect), ["_fid", "op"], "left") if took_effect is not None
-              else _events(history).selectExpr("*", "CAST(NULL AS BOOLEAN) AS took_effect"))
+    events, took_effect = _events(history), _took_effect(history)
+    events = (events.join(F.broadcast(took_effect), ["_fid", "op"], "left") if took_effect is not None
+              else events.selectExpr("*", "CAST(NULL AS BOOLEAN) AS took_effect"))
     events = (events
               .selectExpr("*", "kind = 's' AND offset IS NOT NULL AND (type = 'ok' OR (type = 'info' "
                                "AND (plain OR coalesce(took_effect, false)))) AS acked")

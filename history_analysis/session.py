@@ -5,9 +5,10 @@ In: the Spark master, the number of shuffle partitions, an application name
 session is for). Out: a SparkSession with quiet logging (WARN) and no web UI,
 its JVMs tuned for the analysis (`java_options`), reused if one already runs
 in this process (getOrCreate), in which case only the runtime settings
-(shuffle partitions, adaptive execution off, an uncompressed cache) are
-applied to it. Its driver maps in the class archive when one was built
-(class_archive: Spark's classes loaded once, for every check).
+(shuffle partitions, and `RUNTIME`: adaptive execution off, an uncompressed
+cache, no constraint propagation) are applied to it. Its driver maps in the
+class archive when one was built (class_archive: Spark's classes loaded
+once, for every check).
 
 `sized_for(spark, nbytes)`: a context in which Spark runs in one shuffle
 partition when the input is small (and interpreted rather than compiling code
