@@ -277,13 +277,15 @@ def _took_effect(history: Histories) -> DataFrame | None:
 
     Asked of the operations (not the events, so that the events are shuffled once): the few
     candidates are broadcast, and the records of every poll are looked up in them."""
+    # Without a client operation that ended `info` (the loaded stats count them) there is none.
+    if not any(stats.get("info") for stats in history.stats):
+        return None
     ops = history.operations.filter("process != 'nemesis'")
     candidates = (ops.filter("type = 'info' AND f != 'send' "
                              "AND exists(mops, m -> m.f = 'send' AND m.offset IS NOT NULL)")
                   .selectExpr("_fid", "op AS writer", "explode(filter(mops, m -> m.f = 'send')) AS m")
                   .selectExpr("_fid", "writer", "m.key AS key", "m.value AS value"))
-    # Without a client operation that ended `info` (the loaded stats count them) none is asked for.
-    if not any(stats.get("info") for stats in history.stats) or candidates.isEmpty():
+    if candidates.isEmpty():
         return None
     records = (ops.filter("exists(mops, m -> m.f = 'poll')")
                .selectExpr("_fid", "explode(flatten(transform(filter(mops, m -> m.f = 'poll'), "
