@@ -307,6 +307,12 @@ _LATE_END = "(coalesce(CAST(late AS DECIMAL(20, 0)), -1) + 1)"
 
 # What a key's row in the keys table (`_facts`) holds besides _PRESENT and `complete`.
 _KEY_COLUMNS = ("_fid", "key", "start", "known", "late", "read_max", "final_end", "ok_read")
+# The facts join each event to its offset's row (a row per offset of a key's log) in a hash table
+# built per partition, while no partition's keys span more offsets than this: a sort-merge join
+# sorted every event by offset for the join alone (1M operations, 50k offsets a key: 1.5-2 s),
+# but it spills where a hash table must fit in memory (a row of the offsets takes a few hundred
+# bytes; a key of 10M offsets would not fit the default 4 GB).
+_HASHED_OFFSETS = 1 << 20
 # Which kinds of event a key has, each a column of the keys table: a witness query that needs a
 # kind no key has is not asked (a correct history of sends and polls has no `q`, `c` or mixed
 # operation, and few failed sends), sparing a scan of every event each.
@@ -314,11 +320,12 @@ _PRESENT = {"has_processed": "kind = 'q'", "has_commit": "kind = 'c'", "has_fina
             "has_mixed": "mixed", "has_failed_send": "kind = 's' AND type = 'fail'"}
 
 
-def _facts(history: Histories) -> tuple[DataFrame, DataFrame]:
+def _facts(history: Histories) -> tuple[DataFrame, DataFrame, dict]:
     """The events (`_events`), each with what the rules ask of its key, offset and value, and
-    the keys: a row per key of what the rules ask of the key alone (`_KEY_COLUMNS`) and which
-    kinds of event it has (`_PRESENT`); both materialised (session.materialise: free them with
-    session.release).
+    the keys: a row per key of what the rules ask of the key alone (`_KEY_COLUMNS`), which
+    kinds of event it has (`_PRESENT`) and `span` (how many offsets its log can hold); both
+    materialised (session.materialise: free them with session.release); and what `_present`
+    found in the keys.
 
     Added columns: `acked` (an acknowledged send), `lo` (the offset, for a row in the log); per
     key: `known` (the highest offset of the log), `start` ((op, process) of the last ok assign with
@@ -365,12 +372,14 @@ def _facts(history: Histories) -> tuple[DataFrame, DataFrame]:
     events = base = materialise(events)
     per_key = (events.groupBy(*keyed)
                .agg(F.expr("max(lo) AS known"),
+                    # At most this many offsets in the key's log (see _HASHED_OFFSETS).
+                    F.expr("CAST(max(lo) AS DECIMAL(20, 0)) - min(lo) + 1 AS span"),
                     F.expr("max(CASE WHEN kind = 'a' THEN op END) AS start_op"),
                     F.expr("max_by(CASE WHEN kind = 'a' THEN CAST(process AS LONG) END, "
                            "CASE WHEN kind = 'a' THEN op END) AS start_process"),
                     F.expr("max_by(CASE WHEN kind = 'e' THEN offset END, CASE WHEN kind = 'e' THEN op END) AS any_end"),
                     *[F.expr(f"max({where}) AS {name}") for name, where in _PRESENT.items()])
-               .selectExpr(*keyed, "known",
+               .selectExpr(*keyed, "known", "span",
                            "CASE WHEN start_op IS NOT NULL THEN struct(start_op AS op, "
                            "CAST(start_process AS STRING) AS process) END AS start", "any_end", *_PRESENT))
     # A row per key, computed once: each query below that joins it would otherwise aggregate
@@ -378,7 +387,7 @@ def _facts(history: Histories) -> tuple[DataFrame, DataFrame]:
     # struct's maximum is a sort aggregate, a sort of every event by key.
     per_key = materialise(per_key)
     small = [per_key]
-    events = (events.join(F.broadcast(per_key.drop(*_PRESENT)), keyed)
+    events = (events.join(F.broadcast(per_key.drop("span", *_PRESENT)), keyed)
               .selectExpr("*", "coalesce(kind = 'r' AND process = start.process AND op > start.op, false) AS final"))
     own = "kind = 'e' AND process = start.process AND op >= start.op"
     chain = (events.groupBy(*keyed)
@@ -394,11 +403,12 @@ def _facts(history: Histories) -> tuple[DataFrame, DataFrame]:
     # `complete` are objects, not longs).
     keys = materialise(
         chain.join(per_key, keyed)
-        .selectExpr(*keyed, "late", "read_max", "start", "known", "ok_read", *_PRESENT,
+        .selectExpr(*keyed, "late", "read_max", "start", "known", "ok_read", "span", *_PRESENT,
                     "CASE WHEN start IS NULL THEN any_end ELSE own_end END AS final_end")
-        .selectExpr(*_KEY_COLUMNS, *_PRESENT,
+        .selectExpr(*_KEY_COLUMNS, "span", *_PRESENT,
                     f"start IS NOT NULL AND {_READ_TO} >= coalesce(final_end, {_KNOWN_END}) "
                     f"AND {_READ_TO} >= {_LATE_END} AS complete"))
+    present = _present(keys)
     chain = keys.select(*keyed, "late", "read_max", "final_end", "complete")
     desc = "PARTITION BY _fid, key ORDER BY lo DESC"
     # The final chain's records are in the log: per offset, they share a rank.
@@ -424,9 +434,8 @@ def _facts(history: Histories) -> tuple[DataFrame, DataFrame]:
     # whole; _fid, the same on every row of one history, made every comparison a whole one.
     by_value = "OVER (PARTITION BY value, _fid, key)"
     facts = (
-        # A hash join on the offsets (a row per offset of a key's log, built per partition): a
-        # sort-merge join sorted every event by offset for the join alone (1M operations: 1.5-2 s).
-        events.join(F.broadcast(chain), keyed).join(offsets.hint("shuffle_hash"), [*keyed, "lo"], "left")
+        events.join(F.broadcast(chain), keyed)
+        .join(offsets.hint("shuffle_hash") if present["widest"] <= _HASHED_OFFSETS else offsets, [*keyed, "lo"], "left")
         .selectExpr(*[c for c in events.columns if c != "any_end"], "late", "read_max", "final_end", "rank",
                     "CASE WHEN acked THEN passed END AS passed",
                     "coalesce(fvalues, CAST(array() AS ARRAY<BIGINT>)) AS fvalues", "ffirst", "omin", "omax",
@@ -470,7 +479,7 @@ def _facts(history: Histories) -> tuple[DataFrame, DataFrame]:
         facts = materialise(facts)
     for df in (base, *small):
         release(df)
-    return facts, keys
+    return facts, keys, present
 
 
 # A witness's `fill`: where its `skipped` list, null in its JSON text until `_skipped_listed`, is
@@ -906,18 +915,22 @@ def analyse_many(spark: SparkSession, paths: list[str | os.PathLike], limit: int
         gc.collect()
 
 
-def _present(keys: DataFrame) -> dict[str, bool]:
-    """Which kinds of event (_PRESENT) some key of some history has."""
-    row = keys.agg(*[F.expr(f"coalesce(max({name}), false) AS {name}") for name in _PRESENT]).collect()[0]
-    return {name: bool(row[name]) for name in _PRESENT}
+def _present(keys: DataFrame) -> dict:
+    """Which kinds of event (_PRESENT) some key of some history has (name -> bool), and `widest`:
+    the most offsets the log can hold in one partition of the events (the sum of its keys' spans;
+    0 without a log)."""
+    rows = keys.selectExpr("spark_partition_id() AS part", "span", *_PRESENT).collect()
+    spans: dict[int, int] = {}
+    for r in rows:
+        spans[r["part"]] = spans.get(r["part"], 0) + int(r["span"] or 0)
+    return {**{name: any(r[name] for r in rows) for name in _PRESENT}, "widest": max(spans.values(), default=0)}
 
 
-def _all_witnesses(spark: SparkSession, history: Histories, facts: DataFrame, keys: DataFrame
+def _all_witnesses(spark: SparkSession, history: Histories, facts: DataFrame, keys: DataFrame, present: dict
                    ) -> tuple[DataFrame, DataFrame]:
     """Every witness of every type, and the internal summaries (_INTERNAL), as one table; and the
     suspects it reads (materialised: release it once the table is no longer read). A type whose
-    rule needs a kind of event no key has is not asked: it has no witness."""
-    present = _present(keys)
+    rule needs a kind of event no key has (`present`, see _present) is not asked: it has no witness."""
     asked = [t for t in _SUSPECTS if t not in _SUSPECT_NEEDS or present[_SUSPECT_NEEDS[t]]]
     suspects = materialise(facts.filter("detail IS NOT NULL").select(*_NARROW, "detail.*")
                            .filter(" OR ".join(f"({_SUSPECTS[t]})" for t in asked)))
@@ -969,8 +982,8 @@ def _analyse(spark: SparkSession, paths: list[str], limit: int,
         return out
     raw = witnesses = facts = keys = suspects = None
     try:
-        facts, keys = _facts(history)
-        raw, suspects = _all_witnesses(spark, history, facts, keys)
+        facts, keys, present = _facts(history)
+        raw, suspects = _all_witnesses(spark, history, facts, keys, present)
         raw = raw.persist(StorageLevel.MEMORY_AND_DISK)
         listed = _skipped_listed(raw, facts)
         if listed is None:
