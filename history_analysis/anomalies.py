@@ -761,7 +761,9 @@ def _orders(facts: DataFrame, history: Histories) -> DataFrame:
     earlier one's last value against the later one's first)."""
     # A chain's epoch: the ok assigns/subscribes of the process before the poll that dropped the
     # key or rewound it. Polls of any outcome: whatever records a poll returned moved the consumer.
-    order = "PARTITION BY _fid, process, key, kind ORDER BY op, pos"
+    # The process first: a sort compares rows by its first column's prefix before comparing them
+    # whole, and _fid is the same on every row of one history.
+    order = "PARTITION BY process, key, kind, _fid ORDER BY op, pos"
     rows = (facts.filter("kind IN ('r', 's')")
             .join(F.broadcast(_chain_epochs(history)), ["_fid", "process"], "left")
             .selectExpr("*", "CASE WHEN kind = 'r' THEN size(filter(coalesce(assigns, array()), x -> x.op < op "
@@ -860,10 +862,13 @@ def _dependencies(facts: DataFrame) -> tuple[DataFrame, DataFrame]:
     # unacknowledged, of a value no other operation sent); its position in k is the lowest of its
     # sends', and none when that offset holds another value too; each to the next (by position,
     # then operation).
+    # `shared` is the offset's (every send placed at one offset of a key has the same), so the
+    # lowest offset's is taken with it: a hash aggregate of longs, where the minimum of a struct
+    # of both was a sort aggregate, a sort of every send.
     writers = (facts.filter("kind = 's' AND at IS NOT NULL AND (acked OR send_op = last_send_op)")
                .groupBy("_fid", "key", "op")
-               .agg(F.expr("min(struct(at.offset, at.shared))").alias("first"))
-               .filter("NOT first.shared").selectExpr("_fid", "key", "op", "first.offset AS at"))
+               .agg(F.expr("min(at.offset) AS at"), F.expr("min_by(at.shared, at.offset) AS shared"))
+               .filter("NOT shared").select("_fid", "key", "op", "at"))
     ww = (writers.selectExpr("_fid", "key", "op AS src", "lead(op) OVER (PARTITION BY _fid, key ORDER BY at, op) AS dst")
           .filter("dst IS NOT NULL"))
     # To every operation whose poll (any outcome) returned (k, v) at offset o, from its writer: the
@@ -935,14 +940,20 @@ def _all_witnesses(spark: SparkSession, history: Histories, facts: DataFrame, ke
     suspects = materialise(facts.filter("detail IS NOT NULL").select(*_NARROW, "detail.*")
                            .filter(" OR ".join(f"({_SUSPECTS[t]})" for t in asked)))
     try:
-        parts = [_lost_write(suspects), _unseen(suspects), *_duplicate_and_inconsistent(suspects),
-                 _unexpected(suspects), _uncommitted_read(suspects),
+        on_suspects = [_lost_write(suspects), _unseen(suspects), *_duplicate_and_inconsistent(suspects),
+                       _unexpected(suspects), _uncommitted_read(suspects)]
+        if "G1a" in asked:
+            on_suspects.append(_aborted_read(suspects))
+        if "precommitted-read" in asked:
+            on_suspects.append(_precommitted_read(suspects))
+        # The suspects are few (none in a correct history): each of their queries runs in as many
+        # tasks as the cluster has cores, not one per partition of the events, every one of which
+        # cost a task's scheduling (1M operations: 27 partitions, 10 queries, and as many again
+        # when the table is read back).
+        cores = spark.sparkContext.defaultParallelism
+        parts = [*(p.coalesce(cores) for p in on_suspects),
                  _orders(facts, history), _final_summaries(facts, keys, present), *_ownership(spark, history),
                  *_consumption(facts, present), *_operation_stats(history)]
-        if "G1a" in asked:
-            parts.append(_aborted_read(suspects))
-        if "precommitted-read" in asked:
-            parts.append(_precommitted_read(suspects))
         table = reduce(DataFrame.union, [p if "fill" in p.columns else p.selectExpr("*", _NO_FILL) for p in parts])
     except BaseException:
         release(suspects)
