@@ -228,11 +228,9 @@ def _events(history: Histories) -> DataFrame:
     def event(key: str, kind: str, offset: str, value: str, pos: str, moved: str = "false",
               of_mop: bool = False) -> str:
         # Only a micro-operation's events carry what their operation is; the rest are false.
-        flags = "plain, rolled_back, mixed" if of_mop else "false, false, false"
+        flags = ", ".join(f"'{flag}', {flag if of_mop else 'false'}" for flag in ("plain", "rolled_back", "mixed"))
         return (f"named_struct('key', {key}, 'kind', '{kind}', 'offset', CAST({offset} AS LONG), "
-                f"'value', CAST({value} AS LONG), 'pos', CAST({pos} AS LONG), 'moved', {moved}, "
-                f"'plain', {flags.split(', ')[0]}, 'rolled_back', {flags.split(', ')[1]}, "
-                f"'mixed', {flags.split(', ')[2]})")
+                f"'value', CAST({value} AS LONG), 'pos', CAST({pos} AS LONG), 'moved', {moved}, {flags})")
 
     def when(condition: str, elements: str) -> str:
         return f"CASE WHEN {condition} THEN {elements} ELSE array() END"
