@@ -3,9 +3,11 @@ checker as the reference broker.
 
 The jars come from faultline's cache (`~/.cache/faultline/kafka/<version>/`, which
 `scripts/setup` fills); a version missing there is resolved from Maven Central first.
-Each run is short (30 s of workload; the safe run on the newest Kafka 60 s); the durations measured are
-in the README. Kafka's acks=1 loss, its loss to a power cut of every node and read_uncommitted's
-aborted reads are shown by the claims run (tests/e2e/test_claims.py).
+Each run is short (25-40 s of workload); the durations measured are in the README. The runs judged
+whatever Kafka gives (`RUNS`) go two at a time, as `faultline claims --parallel 2` runs them, before
+the first test that reads one; the runs whose timing decides what they show (a stale replica's
+election, a SIGKILLed harness) run alone. Kafka's acks=1 loss, its loss to a power cut of every
+node and read_uncommitted's aborted reads are shown by the claims run (tests/e2e/test_claims.py).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -60,15 +63,94 @@ def faults(run_dir: Path) -> list[dict]:
             if op["process"] == "nemesis" and op["type"] == "info" and op["f"] != "heal"]
 
 
-# The newest Kafka for 40 s of faults, 3.9 for 30 s, to keep CI's time (the claims test runs
-# acks-all-survives-faults on 4.3.1 too).
-@pytest.mark.parametrize("version, seconds", [("4.3.1", 40), ("3.9.1", 30)])
-def test_a_safe_run_under_partitions_kills_and_pauses_is_valid(tmp_path, version, seconds):
+def safe_run(version: str, seconds: int) -> tuple[tuple[str, ...], str]:
     # acks=all and idempotence are the default producer; RF 3 on 3 nodes; min.insync.replicas=2.
-    proc, run_dir, results = run_kafka(
-        tmp_path / "store", "--kafka-version", version, "--nodes", "3", "--time-limit", str(seconds), "--rate", "60",
-        "--seed", "21", "--broker-set", "min.insync.replicas=2", "--nemesis", "partition,kill,pause",
-        "--nemesis-interval", "4", engine="spark" if version == "4.3.1" else "python")
+    return (("--kafka-version", version, "--nodes", "3", "--time-limit", str(seconds), "--rate", "60", "--seed", "21",
+             "--broker-set", "min.insync.replicas=2", "--nemesis", "partition,kill,pause", "--nemesis-interval", "4"),
+            "spark" if version == "4.3.1" else "python")
+
+
+def subscribe_run(workload: str, protocol: str) -> tuple[tuple[str, ...], str]:
+    # One consumer group on three Kafka 4.3.1 nodes; processes end now and then, so members leave
+    # and join. A classic member that crashes while its JoinGroup waits at the coordinator cannot
+    # leave (its LeaveGroup queues behind the join and times out), and the rebalance then waits
+    # for its session to expire: at librdkafka's default of 45 s, longer than the run. Members
+    # here get Kafka's least session (group.min.session.timeout.ms); KIP-848 members are timed by
+    # the broker.
+    session = ("--consumer", "session.timeout.ms=6000", "--consumer", "heartbeat.interval.ms=1000")
+    return (("--workload", workload, "--consumer", f"group.protocol={protocol}",
+             *(session if protocol == "classic" else ()), "--nodes", "3", "--time-limit", "25", "--rate", "60",
+             "--seed", "5", "--broker-set", "min.insync.replicas=2", "--nemesis", "partition,kill",
+             "--nemesis-interval", "5"), "python")
+
+
+def consumption_run(workload: str, seed: int) -> tuple[tuple[str, ...], str]:
+    # A killed member's partitions wait out its 6 s session before another member takes them: kills
+    # 8 s apart leave the group time to settle and process between them (6 s apart in 30 s, a run in
+    # about ten repeated nothing).
+    return ("--workload", workload, "--nemesis", "kill-consumer", "--nemesis-interval", "4", "--time-limit", "40",
+            "--seed", str(seed)), "python"
+
+
+def resend_run(idempotence: str) -> tuple[tuple[str, ...], str]:
+    # Sends time out under partitions (and die with their SIGKILLed producers); the application
+    # sends what it never learned the fate of again, from its next process: a new producer session.
+    return ("--workload", "resend", "--nodes", "3", "--broker-set", "min.insync.replicas=2",
+            "--producer", f"enable.idempotence={idempotence}", "--nemesis", "partition,kill-producer",
+            "--nemesis-interval", "4", "--time-limit", "40", "--rate", "60", "--seed", "2"), "python"
+
+
+# The runs judged whatever Kafka gives them (the asserts hold for any timing): name -> (arguments
+# of `faultline run --db kafka`, engine). The newest Kafka gets 40 s of faults, 3.9 30 s (the claims
+# test runs acks-all-survives-faults on 4.3.1 too). A transactional queue on three Kafka 4.3.1
+# nodes: read_committed, a tenth of the transactions aborted on purpose.
+RUNS = {
+    "safe-4.3.1": safe_run("4.3.1", 40),
+    "safe-3.9.1": safe_run("3.9.1", 30),
+    "txn": (("--workload", "txn", "--nodes", "3", "--time-limit", "40", "--rate", "60", "--seed", "3",
+             "--broker-set", "min.insync.replicas=2", "--nemesis", "partition,kill,pause", "--nemesis-interval", "5"),
+            "python"),
+    "subscribe-classic": subscribe_run("subscribe", "classic"),
+    "txn-subscribe-consumer": subscribe_run("txn-subscribe", "consumer"),
+    "consume-after": consumption_run("consume-after", 7),
+    "consume-auto": consumption_run("consume-auto", 3),
+    "resend-true": resend_run("true"),
+    "resend-false": resend_run("false"),
+}
+
+
+# The run of RUNS each test reads, by the test's name ({} is its parameters' id).
+READ_BY = {
+    "test_a_safe_run_under_partitions_kills_and_pauses_is_valid": "safe-{}",
+    "test_transactions_under_partitions_kills_and_pauses_are_judged_to_the_end_with_witnesses": "txn",
+    "test_subscribing_consumers_under_partitions_and_kills_record_their_rebalances": "{}",
+    "test_a_group_that_commits_after_processing_repeats_but_never_loses_what_killed_members_did": "consume-after",
+    "test_an_auto_committing_group_loses_or_repeats_what_killed_members_did": "consume-auto",
+    "test_an_idempotent_producer_repeats_only_what_the_application_sent_again_from_a_new_session": "resend-{}",
+}
+
+
+@pytest.fixture(scope="module")
+def judged(request, tmp_path_factory) -> dict[str, Future]:
+    """The runs of RUNS that the selected tests read, two at a time, all finished when it returns
+    (each a Future of run_kafka's result, which raises what its run raised), so that no run of
+    theirs is under way while another test runs or counts what is left."""
+    wanted = []
+    for item in request.session.items:
+        name, _, params = item.name.partition("[")
+        if item.module is request.module and name in READ_BY:
+            wanted.append(READ_BY[name].format(params.rstrip("]")))
+    started = time.monotonic()
+    with ThreadPoolExecutor(2) as pool:
+        futures = {name: pool.submit(run_kafka, tmp_path_factory.mktemp(name) / "store", *RUNS[name][0],
+                                     engine=RUNS[name][1]) for name in dict.fromkeys(wanted)}
+    print(f"{len(futures)} Kafka runs, two at a time: {time.monotonic() - started:.0f} s")
+    return futures
+
+
+@pytest.mark.parametrize("version", ["4.3.1", "3.9.1"])
+def test_a_safe_run_under_partitions_kills_and_pauses_is_valid(judged, version):
+    proc, run_dir, results = judged[f"safe-{version}"].result()
     assert proc.returncode == 0 and results["valid"] is True, proc.stdout + proc.stderr
     assert results["model"] == "exactly-once"
     spec = json.loads((run_dir / "test.json").read_text())
@@ -155,14 +237,10 @@ def txn_ops(run_dir: Path) -> dict[int, dict]:
             if op["f"] == "txn" and op["type"] != "invoke"}
 
 
-def test_transactions_under_partitions_kills_and_pauses_are_judged_to_the_end_with_witnesses(tmp_path):
-    # Jepsen's transactional queue on three Kafka 4.3.1 nodes: read_committed, a tenth of the
-    # transactions aborted on purpose. Whatever Kafka gives, the verdict is reached (final reads
-    # past the transaction markers to every key's end) and every anomaly found has witnesses.
-    proc, run_dir, results = run_kafka(
-        tmp_path / "store", "--workload", "txn", "--nodes", "3", "--time-limit", "40", "--rate", "60",
-        "--seed", "3", "--broker-set", "min.insync.replicas=2", "--nemesis", "partition,kill,pause",
-        "--nemesis-interval", "5")
+def test_transactions_under_partitions_kills_and_pauses_are_judged_to_the_end_with_witnesses(judged):
+    # Jepsen's transactional queue: whatever Kafka gives, the verdict is reached (final reads past
+    # the transaction markers to every key's end) and every anomaly found has witnesses.
+    proc, run_dir, results = judged["txn"].result()
     print(f"txn on Kafka: counts {results['counts']}, stats {results['stats']['by_f']}")
     assert results["valid"] in (True, False), proc.stdout + proc.stderr
     assert proc.returncode == (0 if results["valid"] else 1)
@@ -186,20 +264,9 @@ def test_transactions_under_partitions_kills_and_pauses_are_judged_to_the_end_wi
 # The classic protocol (JoinGroup/SyncGroup, the client assigns) with plain polls; KIP-848's (the
 # broker assigns, incrementally) with transactions that commit the group's offsets.
 @pytest.mark.parametrize("workload, protocol", [("subscribe", "classic"), ("txn-subscribe", "consumer")])
-def test_subscribing_consumers_under_partitions_and_kills_record_their_rebalances(tmp_path, workload, protocol):
-    # One consumer group on three Kafka 4.3.1 nodes; processes end now and then, so members leave
-    # and join. Whatever Kafka gives is judged to the end with witnesses.
-    # A classic member that crashes while its JoinGroup waits at the coordinator cannot leave (its
-    # LeaveGroup queues behind the join and times out), and the rebalance then waits for its session
-    # to expire: at librdkafka's default of 45 s, longer than the run. Members here get Kafka's
-    # least session (group.min.session.timeout.ms); KIP-848 members are timed
-    # by the broker.
-    session = ["--consumer", "session.timeout.ms=6000", "--consumer", "heartbeat.interval.ms=1000"]
-    proc, run_dir, results = run_kafka(
-        tmp_path / "store", "--workload", workload, "--consumer", f"group.protocol={protocol}",
-        *(session if protocol == "classic" else []), "--nodes", "3",
-        "--time-limit", "25", "--rate", "60", "--seed", "5", "--broker-set", "min.insync.replicas=2",
-        "--nemesis", "partition,kill", "--nemesis-interval", "5")
+def test_subscribing_consumers_under_partitions_and_kills_record_their_rebalances(judged, workload, protocol):
+    # Whatever Kafka gives is judged to the end with witnesses.
+    proc, run_dir, results = judged[f"{workload}-{protocol}"].result()
     print(f"{workload} ({protocol}) on Kafka: counts {results['counts']}, stats {results['stats']['by_f']}")
     assert results["valid"] in (True, False), proc.stdout + proc.stderr
     assert proc.returncode == (0 if results["valid"] else 1)
@@ -218,17 +285,9 @@ def test_subscribing_consumers_under_partitions_and_kills_record_their_rebalance
     assert everything_left() == NOTHING
 
 
-def consumption_run(tmp_path: Path, workload: str, seed: int):
-    # A killed member's partitions wait out its 6 s session before another member takes them: kills
-    # 8 s apart leave the group time to settle and process between them (6 s apart in 30 s, a run in
-    # about ten repeated nothing).
-    return run_kafka(tmp_path / workload, "--workload", workload, "--nemesis", "kill-consumer",
-                     "--nemesis-interval", "4", "--time-limit", "40", "--seed", str(seed))
-
-
-def test_a_group_that_commits_after_processing_repeats_but_never_loses_what_killed_members_did(tmp_path):
+def test_a_group_that_commits_after_processing_repeats_but_never_loses_what_killed_members_did(judged):
     # Members SIGKILLed between processing and committing leave their records to be processed again.
-    proc, run_dir, results = consumption_run(tmp_path, "consume-after", 7)
+    proc, run_dir, results = judged["consume-after"].result()
     print(f"consume-after: counts {results['counts']}")
     assert proc.returncode == 0 and results["valid"] is True, proc.stdout + proc.stderr
     assert results["counts"].get("duplicate-consumption", 0) > 0, results["counts"]
@@ -249,9 +308,9 @@ def test_a_group_that_commits_after_processing_repeats_but_never_loses_what_kill
         ["pgrep", "-f", "faultline.workloads.consumer_child"], capture_output=True).stdout
 
 
-def test_an_auto_committing_group_loses_or_repeats_what_killed_members_did(tmp_path):
+def test_an_auto_committing_group_loses_or_repeats_what_killed_members_did(judged):
     # librdkafka commits every second in the background, whatever the application has processed.
-    proc, run_dir, results = consumption_run(tmp_path, "consume-auto", 3)
+    proc, run_dir, results = judged["consume-auto"].result()
     print(f"consume-auto: counts {results['counts']}")
     assert proc.returncode == 0 and results["valid"] is True, proc.stdout + proc.stderr
     found = {k: results["counts"].get(k, 0) for k in ("lost-consumption", "duplicate-consumption")}
@@ -266,14 +325,9 @@ def test_an_auto_committing_group_loses_or_repeats_what_killed_members_did(tmp_p
 # Idempotence holds within a producer session: with it off, the first session's own retries write a
 # value the application then sends again a second time (more offsets than sessions: duplicate).
 @pytest.mark.parametrize("idempotence", ["true", "false"])
-def test_an_idempotent_producer_repeats_only_what_the_application_sent_again_from_a_new_session(tmp_path,
+def test_an_idempotent_producer_repeats_only_what_the_application_sent_again_from_a_new_session(judged,
                                                                                               idempotence):
-    # Sends time out under partitions (and die with their SIGKILLed producers); the application
-    # sends what it never learned the fate of again, from its next process: a new producer session.
-    proc, run_dir, results = run_kafka(
-        tmp_path / "store", "--workload", "resend", "--nodes", "3", "--broker-set", "min.insync.replicas=2",
-        "--producer", f"enable.idempotence={idempotence}", "--nemesis", "partition,kill-producer",
-        "--nemesis-interval", "4", "--time-limit", "40", "--rate", "60", "--seed", "2")
+    proc, run_dir, results = judged[f"resend-{idempotence}"].result()
     print(f"resend, enable.idempotence={idempotence}: counts {results['counts']}")
     # Neither is a bad duplicate: the idempotent run's model is exactly-once, the other's at-least-once.
     assert proc.returncode == 0 and results["valid"] is True, proc.stdout + proc.stderr
