@@ -100,57 +100,54 @@ def resend_run(idempotence: str) -> tuple[tuple[str, ...], str]:
             "--nemesis-interval", "4", "--time-limit", "40", "--rate", "60", "--seed", "2"), "python"
 
 
-# The runs judged whatever Kafka gives them (the asserts hold for any timing): name -> (arguments
-# of `faultline run --db kafka`, engine). The newest Kafka gets 40 s of faults, 3.9 30 s (the claims
-# test runs acks-all-survives-faults on 4.3.1 too). A transactional queue on three Kafka 4.3.1
-# nodes: read_committed, a tenth of the transactions aborted on purpose.
+# The runs judged whatever Kafka gives them (the asserts hold for any timing), by the id of the test
+# that reads each: (arguments of `faultline run --db kafka`, engine). The newest Kafka gets 40 s of
+# faults, 3.9 30 s (the claims test runs acks-all-survives-faults on 4.3.1 too). A transactional
+# queue on three Kafka 4.3.1 nodes: read_committed, a tenth of the transactions aborted on purpose.
 RUNS = {
-    "safe-4.3.1": safe_run("4.3.1", 40),
-    "safe-3.9.1": safe_run("3.9.1", 30),
-    "txn": (("--workload", "txn", "--nodes", "3", "--time-limit", "40", "--rate", "60", "--seed", "3",
-             "--broker-set", "min.insync.replicas=2", "--nemesis", "partition,kill,pause", "--nemesis-interval", "5"),
-            "python"),
-    "subscribe-classic": subscribe_run("subscribe", "classic"),
-    "txn-subscribe-consumer": subscribe_run("txn-subscribe", "consumer"),
-    "consume-after": consumption_run("consume-after", 7),
-    "consume-auto": consumption_run("consume-auto", 3),
-    "resend-true": resend_run("true"),
-    "resend-false": resend_run("false"),
-}
-
-
-# The run of RUNS each test reads, by the test's name ({} is its parameters' id).
-READ_BY = {
-    "test_a_safe_run_under_partitions_kills_and_pauses_is_valid": "safe-{}",
-    "test_transactions_under_partitions_kills_and_pauses_are_judged_to_the_end_with_witnesses": "txn",
-    "test_subscribing_consumers_under_partitions_and_kills_record_their_rebalances": "{}",
-    "test_a_group_that_commits_after_processing_repeats_but_never_loses_what_killed_members_did": "consume-after",
-    "test_an_auto_committing_group_loses_or_repeats_what_killed_members_did": "consume-auto",
-    "test_an_idempotent_producer_repeats_only_what_the_application_sent_again_from_a_new_session": "resend-{}",
+    "test_a_safe_run_under_partitions_kills_and_pauses_is_valid[4.3.1]": safe_run("4.3.1", 40),
+    "test_a_safe_run_under_partitions_kills_and_pauses_is_valid[3.9.1]": safe_run("3.9.1", 30),
+    "test_transactions_under_partitions_kills_and_pauses_are_judged_to_the_end_with_witnesses": (
+        ("--workload", "txn", "--nodes", "3", "--time-limit", "40", "--rate", "60", "--seed", "3",
+         "--broker-set", "min.insync.replicas=2", "--nemesis", "partition,kill,pause", "--nemesis-interval", "5"),
+        "python"),
+    "test_subscribing_consumers_under_partitions_and_kills_record_their_rebalances[subscribe-classic]":
+        subscribe_run("subscribe", "classic"),
+    "test_subscribing_consumers_under_partitions_and_kills_record_their_rebalances[txn-subscribe-consumer]":
+        subscribe_run("txn-subscribe", "consumer"),
+    "test_a_group_that_commits_after_processing_repeats_but_never_loses_what_killed_members_did":
+        consumption_run("consume-after", 7),
+    "test_an_auto_committing_group_loses_or_repeats_what_killed_members_did": consumption_run("consume-auto", 3),
+    "test_an_idempotent_producer_repeats_only_what_the_application_sent_again_from_a_new_session[true]":
+        resend_run("true"),
+    "test_an_idempotent_producer_repeats_only_what_the_application_sent_again_from_a_new_session[false]":
+        resend_run("false"),
 }
 
 
 @pytest.fixture(scope="module")
-def judged(request, tmp_path_factory) -> dict[str, Future]:
+def judged_runs(request, tmp_path_factory) -> dict[str, Future]:
     """The runs of RUNS that the selected tests read, two at a time, all finished when it returns
     (each a Future of run_kafka's result, which raises what its run raised), so that no run of
     theirs is under way while another test runs or counts what is left."""
-    wanted = []
-    for item in request.session.items:
-        name, _, params = item.name.partition("[")
-        if item.module is request.module and name in READ_BY:
-            wanted.append(READ_BY[name].format(params.rstrip("]")))
+    wanted = [item.name for item in request.session.items if item.module is request.module and item.name in RUNS]
     started = time.monotonic()
     with ThreadPoolExecutor(2) as pool:
-        futures = {name: pool.submit(run_kafka, tmp_path_factory.mktemp(name) / "store", *RUNS[name][0],
-                                     engine=RUNS[name][1]) for name in dict.fromkeys(wanted)}
+        futures = {name: pool.submit(run_kafka, tmp_path_factory.mktemp("run") / "store", *RUNS[name][0],
+                                     engine=RUNS[name][1]) for name in wanted}
     print(f"{len(futures)} Kafka runs, two at a time: {time.monotonic() - started:.0f} s")
     return futures
 
 
+@pytest.fixture
+def judged(request, judged_runs) -> tuple[subprocess.CompletedProcess, Path, dict]:
+    """This test's run of RUNS: (process, run folder, results)."""
+    return judged_runs[request.node.name].result()
+
+
 @pytest.mark.parametrize("version", ["4.3.1", "3.9.1"])
 def test_a_safe_run_under_partitions_kills_and_pauses_is_valid(judged, version):
-    proc, run_dir, results = judged[f"safe-{version}"].result()
+    proc, run_dir, results = judged
     assert proc.returncode == 0 and results["valid"] is True, proc.stdout + proc.stderr
     assert results["model"] == "exactly-once"
     spec = json.loads((run_dir / "test.json").read_text())
@@ -240,7 +237,7 @@ def txn_ops(run_dir: Path) -> dict[int, dict]:
 def test_transactions_under_partitions_kills_and_pauses_are_judged_to_the_end_with_witnesses(judged):
     # Jepsen's transactional queue: whatever Kafka gives, the verdict is reached (final reads past
     # the transaction markers to every key's end) and every anomaly found has witnesses.
-    proc, run_dir, results = judged["txn"].result()
+    proc, run_dir, results = judged
     print(f"txn on Kafka: counts {results['counts']}, stats {results['stats']['by_f']}")
     assert results["valid"] in (True, False), proc.stdout + proc.stderr
     assert proc.returncode == (0 if results["valid"] else 1)
@@ -266,7 +263,7 @@ def test_transactions_under_partitions_kills_and_pauses_are_judged_to_the_end_wi
 @pytest.mark.parametrize("workload, protocol", [("subscribe", "classic"), ("txn-subscribe", "consumer")])
 def test_subscribing_consumers_under_partitions_and_kills_record_their_rebalances(judged, workload, protocol):
     # Whatever Kafka gives is judged to the end with witnesses.
-    proc, run_dir, results = judged[f"{workload}-{protocol}"].result()
+    proc, run_dir, results = judged
     print(f"{workload} ({protocol}) on Kafka: counts {results['counts']}, stats {results['stats']['by_f']}")
     assert results["valid"] in (True, False), proc.stdout + proc.stderr
     assert proc.returncode == (0 if results["valid"] else 1)
@@ -287,7 +284,7 @@ def test_subscribing_consumers_under_partitions_and_kills_record_their_rebalance
 
 def test_a_group_that_commits_after_processing_repeats_but_never_loses_what_killed_members_did(judged):
     # Members SIGKILLed between processing and committing leave their records to be processed again.
-    proc, run_dir, results = judged["consume-after"].result()
+    proc, run_dir, results = judged
     print(f"consume-after: counts {results['counts']}")
     assert proc.returncode == 0 and results["valid"] is True, proc.stdout + proc.stderr
     assert results["counts"].get("duplicate-consumption", 0) > 0, results["counts"]
@@ -310,7 +307,7 @@ def test_a_group_that_commits_after_processing_repeats_but_never_loses_what_kill
 
 def test_an_auto_committing_group_loses_or_repeats_what_killed_members_did(judged):
     # librdkafka commits every second in the background, whatever the application has processed.
-    proc, run_dir, results = judged["consume-auto"].result()
+    proc, run_dir, results = judged
     print(f"consume-auto: counts {results['counts']}")
     assert proc.returncode == 0 and results["valid"] is True, proc.stdout + proc.stderr
     found = {k: results["counts"].get(k, 0) for k in ("lost-consumption", "duplicate-consumption")}
@@ -327,7 +324,7 @@ def test_an_auto_committing_group_loses_or_repeats_what_killed_members_did(judge
 @pytest.mark.parametrize("idempotence", ["true", "false"])
 def test_an_idempotent_producer_repeats_only_what_the_application_sent_again_from_a_new_session(judged,
                                                                                               idempotence):
-    proc, run_dir, results = judged[f"resend-{idempotence}"].result()
+    proc, run_dir, results = judged
     print(f"resend, enable.idempotence={idempotence}: counts {results['counts']}")
     # Neither is a bad duplicate: the idempotent run's model is exactly-once, the other's at-least-once.
     assert proc.returncode == 0 and results["valid"] is True, proc.stdout + proc.stderr
