@@ -6,8 +6,9 @@ to keep per type (`limit`), and optionally a folder for every witness.
 one plan: per file its `Analysis`, or the HistoryError that refused it.
 The histories are loaded with their side-cars (load.load_histories: the
 operations read from `history.jsonl.operations/` while it matches the file,
-and written there for a large history without one), unless the environment
-sets FAULTLINE_SIDECAR=0.
+and written there for a large history without one; the JSON again when a
+side-car cannot be read midway), unless the environment sets
+FAULTLINE_SIDECAR=0.
 Every row of that plan carries `_fid`, its history's place in the list, and
 every window, grouping and join includes it, so no answer mixes histories.
 
@@ -173,6 +174,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from ..models import operations_table
 from ..models.history import HistoryError
 from .load import Histories, file_size, load_histories
 from .ownership import TYPE as OWNERSHIP
@@ -988,6 +990,20 @@ def _skipped_listed(witnesses: DataFrame, facts: DataFrame) -> DataFrame | None:
 def _analyse(spark: SparkSession, paths: list[str], limit: int,
              full_dirs: list[str | os.PathLike | None]) -> list[Analysis | HistoryError]:
     history = load_histories(spark, paths, sidecars=os.environ.get("FAULTLINE_SIDECAR", "1") != "0")
+    try:
+        with settings(spark, history.conf):
+            return _analysed(spark, history, limit, full_dirs)
+    except Exception as exc:  # noqa: BLE001 - only a side-car Spark could not read is taken back
+        if not (history.sidecars and operations_table.SUFFIX + "/" in str(exc)):
+            raise
+    # Read lazily (load._from_sidecars), a side-car removed or replaced while the analysis ran fails
+    # a query midway: it is a cache, and the JSON is the record.
+    return _analysed(spark, load_histories(spark, paths), limit, full_dirs)
+
+
+def _analysed(spark: SparkSession, history: Histories, limit: int,
+              full_dirs: list[str | os.PathLike | None]) -> list[Analysis | HistoryError]:
+    """The analysis of each of the loaded histories (or its problem); frees what it loaded."""
     out: list[Analysis | HistoryError] = list(history.problems)
     accepted = [fid for fid, problem in enumerate(history.problems) if problem is None]
     if not accepted:

@@ -5,9 +5,9 @@ with its newline, in order; `finish` when the history is complete), or a whole h
 (`build`). Out: the folder `<history>.operations` beside it: Parquet files of one row per
 operation, its invocation paired with its completion, in the columns and types the Spark loader
 gives the operations (history_analysis/load.py, `operations`: COLUMNS here), and `_stamp.json`
-naming the history it was built from (size and SHA-256 of its bytes), the Parquet files (their
-sizes), the history's number of lines, and the notes and client operation counts the loader
-reports. The folder is built aside and renamed into place whole. `stamp_files` writes the stamp
+naming the history it was built from (size and SHA-256 of its bytes), the Parquet files (the
+size and SHA-256 of each), the history's number of lines, and the notes and client operation
+counts the loader reports. The folder is built aside and renamed into place whole. `stamp_files` writes the stamp
 of a folder of Parquet files written by other means (the Spark loader's own).
 
 `fresh(path)`: the side-car of the history at `path` and its stamp when the stamp matches the
@@ -35,8 +35,10 @@ from typing import Any
 from .history import BOM, NEVER_COMPLETED, LineReader, Op, never_completed_note
 from .history_schema import COMPLETIONS, spark_field_type
 
-# Bumped whenever the columns or their meaning change: a side-car of another format is stale.
-FORMAT = 1
+# Bumped whenever the columns, their meaning or the stamp change: a side-car of another format is
+# stale. 2: the stamp holds each Parquet file's SHA-256 (a file damaged in place, of the same size,
+# was read as operations that never happened).
+FORMAT = 2
 SUFFIX = ".operations"
 STAMP = "_stamp.json"  # Spark's reader skips files whose names start with _ or .
 # Operations per row group (and per batch held in memory while writing).
@@ -241,9 +243,15 @@ def stamp_files(folder: Path, target: Path, *, size: int, sha256: str, lines: in
     folder.replace(target)
 
 
-def _parquet_files(folder: Path) -> dict[str, int]:
+def _parquet_sizes(folder: Path) -> dict[str, int]:
     """The data files of a side-car folder (what Spark reads: not its _ or . files), by name: size."""
     return {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if not p.name.startswith(("_", "."))}
+
+
+def _parquet_files(folder: Path) -> dict[str, dict[str, Any]]:
+    """The data files of a side-car folder by name: {"bytes", "sha256"}."""
+    return {name: {"bytes": size, "sha256": sha256_of(folder / name)[1]}
+            for name, size in _parquet_sizes(folder).items()}
 
 
 def sha256_of(path: str | Path) -> tuple[int, str]:
@@ -259,15 +267,20 @@ def sha256_of(path: str | Path) -> tuple[int, str]:
 def fresh(history: str | Path) -> tuple[Path, dict[str, Any]] | None:
     """(side-car folder, stamp) of the local history file at `history` when the stamp matches the
     file as it is now (its size and SHA-256), the folder holds the Parquet files it names (of
-    their sizes) and no others, and the stamp is of this FORMAT; None otherwise."""
+    their sizes and SHA-256) and no others, and the stamp is of this FORMAT; None otherwise."""
     folder = path_for(history)
     try:
         size = Path(history).stat().st_size
         stamp = json.loads((folder / STAMP).read_text())
-        files = _parquet_files(folder)
+        sizes = _parquet_sizes(folder)
         if not (isinstance(stamp, dict) and stamp.get("format") == FORMAT and stamp.get("bytes") == size
-                and files and stamp.get("files") == files):
+                and sizes and {name: f["bytes"] for name, f in stamp["files"].items()} == sizes):
             return None
-        return (folder, stamp) if sha256_of(history)[1] == stamp.get("sha256") else None
-    except (OSError, ValueError):
+        # The sizes first: hashing is what costs (a side-car of 1M operations: 86 MB).
+        if sha256_of(history)[1] != stamp.get("sha256"):
+            return None
+        if any(sha256_of(folder / name)[1] != stamp["files"][name]["sha256"] for name in sizes):
+            return None
+        return folder, stamp
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None

@@ -7,7 +7,10 @@ exists exactly for the histories the Python reader accepts whole: test_history_m
   from it (not the JSON), and they, the notes, lines and stats, and the whole analysis are the
   ones the JSON gives, with operations never completed (a run interrupted) and nemesis lines.
 - Any change to the history (a line appended, one byte changed in place, the history replaced),
-  to the side-car's files, or a side-car of another format: stale, and the check reads the JSON.
+  to the side-car's files (one more, one cut short, bytes changed in place), or a side-car of
+  another format: stale, and the check reads the JSON: its analysis is the JSON's.
+- A side-car removed while the check reads it (queries read its Parquet files as they run): the
+  check reads the JSON instead, and its analysis is the JSON's.
 - The check writes the side-car of a large history read from its JSON (a small one's, the tests'
   included, is left alone), from what it loaded: the next check reads it, alike; none for a torn
   or refused history, nor where it cannot write.
@@ -24,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
+from faultline.history_analysis import anomalies, load
 from faultline.history_analysis.anomalies import analyse
-from faultline.history_analysis import load
 from faultline.history_analysis.load import load_histories
 from faultline.models import operations_table
 from faultline.models.history import HistoryError, HistoryWriter, read_history, write_history
@@ -84,12 +87,15 @@ def test_the_writer_s_side_car_holds_what_the_loader_reads_from_the_json(spark, 
     assert analyse(spark, history, limit=1000) == with_sidecar
 
 
-def test_a_changed_history_or_side_car_is_stale_and_the_json_is_read(spark, tmp_path):
+def test_a_changed_history_or_side_car_is_stale_and_the_json_is_read(spark, tmp_path, monkeypatch):
     history = tmp_path / "history.jsonl"
     written(history, every_kind(False))
     folder = operations_table.path_for(history)
     original = history.read_bytes()
     assert operations_table.fresh(history) is not None
+    monkeypatch.setenv("FAULTLINE_SIDECAR", "0")
+    from_json = analyse(spark, history, limit=1000)
+    monkeypatch.delenv("FAULTLINE_SIDECAR")
 
     # A line appended.
     extra = {"index": len(base()), "time": 10**6, "process": 9, "type": "invoke", "f": "poll",
@@ -122,8 +128,16 @@ def test_a_changed_history_or_side_car_is_stale_and_the_json_is_read(spark, tmp_
     shutil.copy(part, folder / "part-1.parquet")
     assert operations_table.fresh(history) is None
     (folder / "part-1.parquet").unlink()
-    part.write_bytes(part.read_bytes()[:-10])
+    whole = part.read_bytes()
+    part.write_bytes(whole[:-10])
     assert operations_table.fresh(history) is None
+    # Bytes changed in place, the same size: Spark read such a file as operations that never happened.
+    middle = len(whole) // 2
+    part.write_bytes(whole[:middle] + bytes(b ^ 0xFF for b in whole[middle:middle + 64]) + whole[middle + 64:])
+    assert operations_table.fresh(history) is None
+    assert analyse(spark, history, limit=1000) == from_json
+    part.write_bytes(whole)
+    assert operations_table.fresh(history) is not None
     stamp_path.write_text("{not json")
     assert operations_table.fresh(history) is None
     loaded = load_histories(spark, [history], sidecars=True)
@@ -216,3 +230,24 @@ def test_the_check_writes_the_side_car_of_a_large_history_read_from_its_json(spa
     loaded = load_histories(spark, [history], sidecars=True)
     assert loaded.problems == [None] and loaded.ops is not None and not folder.exists()
     loaded.unpersist()
+
+
+def test_a_side_car_removed_while_the_check_reads_it_gives_way_to_the_json(spark, tmp_path, monkeypatch):
+    history = tmp_path / "history.jsonl"
+    written(history, every_kind(True))
+    monkeypatch.setenv("FAULTLINE_SIDECAR", "0")
+    from_json = analyse(spark, history, limit=1000)
+    monkeypatch.delenv("FAULTLINE_SIDECAR")
+    folder = operations_table.path_for(history)
+    loads = []
+
+    def load_then_remove(spark_, paths, sidecars=False):
+        loaded = load_histories(spark_, paths, sidecars=sidecars)
+        loads.append(loaded.sidecars)
+        if loaded.sidecars:
+            shutil.rmtree(folder)
+        return loaded
+
+    monkeypatch.setattr(anomalies, "load_histories", load_then_remove)
+    assert analyse(spark, history, limit=1000) == from_json
+    assert loads == [True, False]  # the side-car, then the JSON
