@@ -831,15 +831,19 @@ def _uncommitted_read(facts: DataFrame) -> DataFrame:
         "least(op, coalesce(ffirst.op, start.op))", "offset")
 
 
-def _operation_stats(history: Histories) -> list[DataFrame]:
+def _operation_stats(history: Histories, present: dict[str, bool]) -> list[DataFrame]:
     """Internal rows for the stats: per f, how many client operations were invoked, how many
     completed ok, and how many both send and poll (ordered as first completed, then those the
     history never completed, by index); and every `heal` of the nemesis that completed with an
     error (by completion)."""
+    # Every send is an event, flagged when its operation also polls: without a flagged event
+    # (`present`) no operation does, and the micro-operations, most of what a history holds, are not
+    # read again for none.
+    mixed = ("coalesce(exists(mops, m -> m.f = 'send') AND exists(mops, m -> m.f = 'poll'), false)"
+             if present["has_mixed"] else "false")
     by_f = (history.operations.filter("process != 'nemesis'").groupBy("_fid", "f")
             .agg(F.count(F.lit(1)).alias("invoked"), F.count_if(F.expr("type = 'ok'")).alias("ok"),
-                 F.count_if(F.expr("coalesce(exists(mops, m -> m.f = 'send') "
-                                   "AND exists(mops, m -> m.f = 'poll'), false)")).alias("mixed"),
+                 F.count_if(F.expr(mixed)).alias("mixed"),
                  F.min(F.expr("struct(NOT completed AS late, op)")).alias("first")))
     heals = history.operations.filter("process = 'nemesis' AND f = 'heal' AND completed AND error IS NOT NULL")
     return [
@@ -957,7 +961,7 @@ def _all_witnesses(spark: SparkSession, history: Histories, facts: DataFrame, ke
         cores = spark.sparkContext.defaultParallelism
         parts = [*(p.coalesce(cores) for p in on_suspects),
                  _orders(facts, history), _final_summaries(facts, keys, present), *_ownership(spark, history),
-                 *_consumption(facts, present), *_operation_stats(history)]
+                 *_consumption(facts, present), *_operation_stats(history, present)]
         table = reduce(DataFrame.union, [p if "fill" in p.columns else p.selectExpr("*", _NO_FILL) for p in parts])
     except BaseException:
         release(suspects)
