@@ -7,8 +7,9 @@ operation, its invocation paired with its completion, in the columns and types t
 gives the operations (history_analysis/load.py, `operations`: COLUMNS here), and `_stamp.json`
 naming the history it was built from (size and SHA-256 of its bytes), the Parquet files (the
 size and SHA-256 of each), the history's number of lines, and the notes and client operation
-counts the loader reports. The folder is built aside and renamed into place whole. `stamp_files` writes the stamp
-of a folder of Parquet files written by other means (the Spark loader's own).
+counts the loader reports. The folder is built aside and renamed into place whole.
+`stamp_files` writes the stamp of a folder of Parquet files written by other means (the Spark
+loader's own).
 
 `fresh(path)`: the side-car of the history at `path` and its stamp when the stamp matches the
 file as it is now (and this format), else None.
