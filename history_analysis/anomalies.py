@@ -175,7 +175,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from ..models import operations_table
-from ..models.history import HistoryError
+from ..models.history import COMPLETIONS, HistoryError
 from .load import Histories, file_size, load_histories
 from .ownership import TYPE as OWNERSHIP
 from .ownership import Call, End, overlaps, typed_entries
@@ -890,12 +890,12 @@ def _dependencies(facts: DataFrame) -> tuple[DataFrame, DataFrame]:
           .filter("src != dst").select("_fid", "key", "src", "dst").distinct())
     # An operation's invoke, process and type are its own: taken by the operation alone, as numbers, a
     # hash aggregate of longs (1M operations: 2.4-2.5 s, 2.7-2.9 s as a distinct of all four).
-    types = ("ok", "fail", "info")
     hubs = (facts.filter("kind = 'r' OR (kind = 's' AND at IS NOT NULL)").groupBy("_fid", "op")
             .agg(F.expr("max(invoke) AS invoke"), F.expr("max(CAST(process AS LONG)) AS process"),
-                 F.expr("max(CASE type " + " ".join(f"WHEN '{t}' THEN {i}" for i, t in enumerate(types)) + " END) AS t"))
+                 F.expr("max(CASE type " + " ".join(f"WHEN '{t}' THEN {i}" for i, t in enumerate(COMPLETIONS))
+                        + " END) AS t"))
             .selectExpr("_fid", "op", "invoke", "CAST(process AS STRING) AS process",
-                        "CASE t " + " ".join(f"WHEN {i} THEN '{t}'" for i, t in enumerate(types)) + " END AS type"))
+                        "CASE t " + " ".join(f"WHEN {i} THEN '{t}'" for i, t in enumerate(COMPLETIONS)) + " END AS type"))
     edges = (ww.selectExpr("_fid", "key", "'ww' AS kind", "src", "dst")
              .unionByName(wr.selectExpr("_fid", "key", "'wr' AS kind", "src", "dst"))
              .groupBy("_fid", "key", "kind", F.expr(f"pmod(hash(src, dst), {_CHUNKS}) AS chunk"))

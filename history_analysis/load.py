@@ -180,7 +180,7 @@ class Histories:
     history, each row with `_fid`, the history's place in `paths`; per history (lists in the order
     of `paths`): `problems` (its HistoryError, None when accepted: a refused history has no rows),
     `notes`, `lines`, `stats`; `sidecars`: whether `operations` reads the side-cars (see
-    `_from_sidecars`), and `conf`, the session settings its queries are to run with
+    `_from_sidecars`); `conf`: the session settings its queries are to run with
     (session.settings). Call `unpersist()` when done."""
 
     paths: list[str]
@@ -191,9 +191,12 @@ class Histories:
     lines: list[int]
     stats: list[dict[str, int]]
     sidecars: bool = False
-    conf: dict[str, str] = field(default_factory=dict)
     _persisted: list[DataFrame] = field(default_factory=list, repr=False)
     _materialised: list[DataFrame] = field(default_factory=list, repr=False)
+
+    @property
+    def conf(self) -> dict[str, str]:
+        return dict(_SIDECAR_CONF) if self.sidecars else {}
 
     def unpersist(self) -> None:
         _free(self._persisted, self._materialised)
@@ -267,7 +270,7 @@ def _from_sidecars(spark: SparkSession, paths: list[str], found: list[tuple[Path
     files, which is quicker than writing every operation to Spark's storage and reading whole rows
     back (a check of 1M operations: 72.2-73.0 s, 75.1-77.8 s materialised). So the side-cars must
     stay in place until the analysis ends, and one Spark cannot read fails a query of the
-    analysis, not this call (anomalies.analyse_many then reads the JSON)."""
+    analysis, not this call (anomalies._analyse then reads the JSON)."""
     folders = {str(folder.resolve()): fid for fid, (folder, _) in enumerate(found)}
     if len(folders) < len(found):
         return None  # a history given twice: the JSON reader says so
@@ -289,7 +292,7 @@ def _from_sidecars(spark: SparkSession, paths: list[str], found: list[tuple[Path
         return None
     return Histories(paths=paths, ops=None, operations=operations, problems=[None] * len(paths),
                      notes=[list(stamp["notes"]) for _, stamp in found], lines=[stamp["lines"] for _, stamp in found],
-                     stats=[dict(stamp["stats"]) for _, stamp in found], sidecars=True, conf=dict(_SIDECAR_CONF))
+                     stats=[dict(stamp["stats"]) for _, stamp in found], sidecars=True)
 
 
 # The check writes the side-car of a history this large that has none: below, reading its JSON
