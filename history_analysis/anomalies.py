@@ -347,9 +347,8 @@ def _facts(history: Histories) -> tuple[DataFrame, DataFrame, dict]:
     another value at that offset too) of the send's place in the version order (its acknowledged
     offset, or else its value's position; null: unknown), on a record `senders` (the operations
     that sent its value, each with the offset it was acknowledged at); for lost-write, `passed` (on
-    an acknowledged send: (op, offset) of the earliest ok poll that returned a higher offset),
-    `passed_any` and `first_missing` (per value: a poll passed an acknowledged send of it; (late,
-    op, pos) of its first acknowledged send the complete final log lacks). The facts keep the
+    an acknowledged send: (op, offset) of the earliest ok poll that returned a higher offset). The
+    facts keep the
     columns of `_NARROW` on every row, and the rest (but `known`, `late` and `final`, which
     nothing reads) in one struct, `detail`, only on a row that meets a rule of `_SUSPECTS` (null
     elsewhere: few rows of a correct history), which `_all_witnesses` unpacks.
@@ -464,12 +463,7 @@ def _facts(history: Histories) -> tuple[DataFrame, DataFrame, dict]:
             # Write-read dependencies: on a record, the operations that sent its value, with the
             # offsets they were acknowledged at.
             f"CASE WHEN kind = 'r' THEN collect_set(CASE WHEN kind = 's' THEN struct(op, CASE WHEN acked THEN offset "
-            f"END AS at) END) {by_value} END AS senders",
-            # lost-write: an acknowledged send of the value that a poll passed; the first acknowledged
-            # send (in history order) that the complete final log lacks.
-            f"max(acked AND passed IS NOT NULL) {by_value} AS passed_any",
-            f"min(CASE WHEN acked AND complete AND final_end IS NOT NULL AND NOT array_contains(fvalues, value) "
-            f"THEN struct(NOT completed AS late, op, pos) END) {by_value} AS first_missing")
+            f"END AS at) END) {by_value} END AS senders")
     )
     # What only the witness queries of _SUSPECTS read is kept on the few rows that meet one of
     # them, in one struct (null on every other row), so the table every later query scans holds
@@ -500,8 +494,10 @@ _NARROW = ("_fid", "key", "kind", "op", "invoke", "process", "type", "offset", "
 # several): few in a correct history. `_all_witnesses` materialises the facts that meet any of
 # them once, and these queries read that small table instead of every fact each.
 _SUSPECTS = {
+    # Every acknowledged send that a poll passed or that the complete final log lacks: what
+    # _lost_write asks of a value's sends is asked of these alone.
     "lost-write": "acked AND ((NOT was_read AND passed IS NOT NULL) "
-                  "OR struct(NOT completed AS late, op, pos) = first_missing)",
+                  "OR (complete AND final_end IS NOT NULL AND NOT array_contains(fvalues, value)))",
     "unseen": "kind = 's' AND (acked OR type = 'ok') AND NOT was_read_ok",
     # and resent-duplicate, inconsistent-offsets, reused-offset: a value at two offsets, or an
     # offset holding two values.
@@ -708,9 +704,18 @@ def _final_summaries(facts: DataFrame, keys: DataFrame, present: dict[str, bool]
 def _lost_write(facts: DataFrame) -> DataFrame:
     """lost-write: an acknowledged write some ok poll passed without returning it (first rule), or
     one the complete final log, whose end is known, does not hold at its offset (second rule: once
-    per value, at its first acknowledged send in history order, unless the first rule names it)."""
+    per value, at its first acknowledged send in history order, unless the first rule names it).
+
+    Asked of the suspects alone: a value's sends that a poll passed and that it was not read (the
+    first rule), and those that the final log lacks (the second), are all among them, so what is
+    per value is found there, not in a window over every fact."""
     passed_over = "NOT was_read AND passed IS NOT NULL"
-    return _witnesses(facts.filter(_SUSPECTS["lost-write"]), [
+    by_value = "OVER (PARTITION BY _fid, key, value)"
+    rows = facts.filter(_SUSPECTS["lost-write"]).selectExpr(
+        "*", f"max(acked AND passed IS NOT NULL) {by_value} AS passed_any",
+        f"min(CASE WHEN complete AND final_end IS NOT NULL AND NOT array_contains(fvalues, value) "
+        f"THEN struct(NOT completed AS late, op, pos) END) {by_value} AS first_missing")
+    return _witnesses(rows, [
         ("lost-write", passed_over,
          "'key', key, 'value', value, 'offset', offset, 'send_op', op, 'read_op', passed.op, "
          "'read_offset', passed.offset, 'ops', array(op, passed.op)",
@@ -882,12 +887,14 @@ def _dependencies(facts: DataFrame) -> tuple[DataFrame, DataFrame]:
     # To every operation whose poll (any outcome) returned (k, v) at offset o, from its writer: the
     # sends of (k, v) acknowledged at o, or else the one operation that sent it; a value sent by
     # two operations, neither acknowledged at o, has no known writer there. An edge found twice
-    # (an operation read two values of one writer) is one.
+    # (an operation read two values of one writer) is one, but made one by the driver (_collected),
+    # which sorts the edges anyway: nearly every edge is found once (1M operations: 3.88M edges of
+    # 4M records), so a distinct here was a hash aggregate of every record that removed few.
     wr = (facts.filter("kind = 'r'")
           .selectExpr("_fid", "key", "op AS dst", "filter(senders, s -> s.at = offset).op AS there", "senders.op AS all")
           .selectExpr("_fid", "key", "dst", "explode(CASE WHEN size(there) > 0 THEN there WHEN size(all) = 1 THEN all "
                                     "ELSE array() END) AS src")
-          .filter("src != dst").select("_fid", "key", "src", "dst").distinct())
+          .filter("src != dst").select("_fid", "key", "src", "dst"))
     # An operation's invoke, process and type are its own: taken by the operation alone, as numbers, a
     # hash aggregate of longs (1M operations: 2.4-2.5 s, 2.7-2.9 s as a distinct of all four).
     hubs = (facts.filter("kind = 'r' OR (kind = 's' AND at IS NOT NULL)").groupBy("_fid", "op")
@@ -1043,7 +1050,7 @@ def _analysed(spark: SparkSession, history: Histories, limit: int,
         for r in sorted(rows, key=lambda r: (r["_fid"], r["type"], r["rn"])):
             found[r["_fid"]].setdefault(r["type"], (int(r["total"]), int(r["rows"]), []))[2].append(r["json"])
         edges, hubs = _dependencies(facts)
-        dependencies = _collected(edges, DEPENDENCY_COLUMNS, ("kind", "key"), accepted)
+        dependencies = _collected(edges, DEPENDENCY_COLUMNS, ("kind", "key"), accepted, distinct=True)
         hub_rows = _collected(hubs, HUB_COLUMNS, ("process", "type"), accepted)
         for fid in accepted:
             out[fid] = _analysis(history, fid, found[fid], dependencies[fid], hub_rows[fid], limit)
@@ -1060,10 +1067,11 @@ def _analysed(spark: SparkSession, history: Histories, limit: int,
         history.unpersist()
 
 
-def _collected(df: DataFrame, names: tuple[str, ...], texts: tuple[str, ...], fids: list[int]
-               ) -> dict[int, Columns]:
+def _collected(df: DataFrame, names: tuple[str, ...], texts: tuple[str, ...], fids: list[int],
+               distinct: bool = False) -> dict[int, Columns]:
     """A table of `_fid` and `names` brought to Python through Arrow, as sorted Columns per
-    history (every one of `fids`, empty where it has no rows): no Python object per row.
+    history (every one of `fids`, empty where it has no rows; each row once if `distinct`): no
+    Python object per row.
 
     Columns missing from the table are fields of its column `rows`, a list of structs: rows
     packed per row of the table (whose other columns they share), which the driver receives in
@@ -1099,9 +1107,12 @@ def _collected(df: DataFrame, names: tuple[str, ...], texts: tuple[str, ...], fi
     every = Columns(names, cols, texts)
     fid_of, repeats = column("_fid")
     fid_of = fid_of.to_numpy() if repeats is None else np.repeat(fid_of.to_numpy(), repeats)
+    def ordered(rows: Columns) -> Columns:
+        return rows.sorted().distinct() if distinct else rows.sorted()
+
     if len(fids) == 1 and bool((fid_of == fids[0]).all()):
-        return {fids[0]: every.sorted()}  # one history's: no copy of its rows to pick them
-    return {fid: every.take(fid_of == fid).sorted() for fid in fids}
+        return {fids[0]: ordered(every)}  # one history's: no copy of its rows to pick them
+    return {fid: ordered(every.take(fid_of == fid)) for fid in fids}
 
 
 def _analysis(history: Histories, fid: int, found: dict[str, tuple[int, int, list[str]]], dependencies: list,

@@ -762,6 +762,30 @@ def test_a_write_both_lost_write_rules_catch_is_reported_once(found):
 
 
 @scenario
+def lost_write_resent_passed_and_missing(s):
+    # Value 2 sent twice (an application's resend), acknowledged at 3 and then at 1: a poll passed
+    # the later; the complete final log holds neither, and no poll passed the earlier.
+    k, p, q, c, f = s.key(), s.process(), s.process(), s.process(), s.process()
+    s.send(q, [(k, 2, 3)])
+    s.send(p, [(k, 1, 0)])
+    passed = s.send(p, [(k, 2, 1)])
+    s.send(p, [(k, 3, 2)])
+    poll = s.poll(c, [(k, 0, 1), (k, 2, 3)])
+    s.assign(f, [k], seek=True, ends={k: 4})
+    s.poll(f, [(k, 0, 1), (k, 2, 3)], positions={k: 4})
+    return {"passed": passed, "poll": poll}
+
+
+def test_a_value_a_read_passed_is_one_lost_write_whatever_its_other_sends(found):
+    f, ix = found("lost_write_resent_passed_and_missing")
+    # the first rule's witness, at the send the read passed; the second rule (a value the complete
+    # final log lacks, named at its first send in history order: here the earlier, unpassed one)
+    # adds nothing, as a read passed the value
+    assert [(w["value"], w["offset"], w["send_op"], w["read_op"]) for w in f["lost-write"]] == \
+        [(2, 1, ix["passed"], ix["poll"])]
+
+
+@scenario
 def final_chain_across_a_reassign(s):
     k, p, c, final = s.key(), s.process(), s.process(), s.process()
     s.send(p, [(k, 1, 0), (k, 2, 1), (k, 3, 2)])
