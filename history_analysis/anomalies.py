@@ -348,10 +348,9 @@ def _facts(history: Histories) -> tuple[DataFrame, DataFrame, dict]:
     offset, or else its value's position; null: unknown), on a record `senders` (the operations
     that sent its value, each with the offset it was acknowledged at); for lost-write, `passed` (on
     an acknowledged send: (op, offset) of the earliest ok poll that returned a higher offset). The
-    facts keep the
-    columns of `_NARROW` on every row, and the rest (but `known`, `late` and `final`, which
-    nothing reads) in one struct, `detail`, only on a row that meets a rule of `_SUSPECTS` (null
-    elsewhere: few rows of a correct history), which `_all_witnesses` unpacks.
+    facts keep the columns of `_NARROW` on every row, and the rest (but `known`, `late` and
+    `final`, which nothing reads) in one struct, `detail`, only on a row that meets a rule of
+    `_SUSPECTS` (null elsewhere: few rows of a correct history), which `_all_witnesses` unpacks.
 
     No window spans a key's events: a window holds each of its groups whole in one buffer, and a
     key of a long history has millions of events, which spilled in thousands of pieces that
@@ -887,14 +886,12 @@ def _dependencies(facts: DataFrame) -> tuple[DataFrame, DataFrame]:
     # To every operation whose poll (any outcome) returned (k, v) at offset o, from its writer: the
     # sends of (k, v) acknowledged at o, or else the one operation that sent it; a value sent by
     # two operations, neither acknowledged at o, has no known writer there. An edge found twice
-    # (an operation read two values of one writer) is one, but made one by the driver (_collected),
-    # which sorts the edges anyway: nearly every edge is found once (1M operations: 3.88M edges of
-    # 4M records), so a distinct here was a hash aggregate of every record that removed few.
+    # (an operation read two values of one writer) is one.
     wr = (facts.filter("kind = 'r'")
           .selectExpr("_fid", "key", "op AS dst", "filter(senders, s -> s.at = offset).op AS there", "senders.op AS all")
           .selectExpr("_fid", "key", "dst", "explode(CASE WHEN size(there) > 0 THEN there WHEN size(all) = 1 THEN all "
                                     "ELSE array() END) AS src")
-          .filter("src != dst").select("_fid", "key", "src", "dst"))
+          .filter("src != dst").select("_fid", "key", "src", "dst").distinct())
     # An operation's invoke, process and type are its own: taken by the operation alone, as numbers, a
     # hash aggregate of longs (1M operations: 2.4-2.5 s, 2.7-2.9 s as a distinct of all four).
     hubs = (facts.filter("kind = 'r' OR (kind = 's' AND at IS NOT NULL)").groupBy("_fid", "op")
@@ -1050,7 +1047,7 @@ def _analysed(spark: SparkSession, history: Histories, limit: int,
         for r in sorted(rows, key=lambda r: (r["_fid"], r["type"], r["rn"])):
             found[r["_fid"]].setdefault(r["type"], (int(r["total"]), int(r["rows"]), []))[2].append(r["json"])
         edges, hubs = _dependencies(facts)
-        dependencies = _collected(edges, DEPENDENCY_COLUMNS, ("kind", "key"), accepted, distinct=True)
+        dependencies = _collected(edges, DEPENDENCY_COLUMNS, ("kind", "key"), accepted)
         hub_rows = _collected(hubs, HUB_COLUMNS, ("process", "type"), accepted)
         for fid in accepted:
             out[fid] = _analysis(history, fid, found[fid], dependencies[fid], hub_rows[fid], limit)
@@ -1067,11 +1064,10 @@ def _analysed(spark: SparkSession, history: Histories, limit: int,
         history.unpersist()
 
 
-def _collected(df: DataFrame, names: tuple[str, ...], texts: tuple[str, ...], fids: list[int],
-               distinct: bool = False) -> dict[int, Columns]:
+def _collected(df: DataFrame, names: tuple[str, ...], texts: tuple[str, ...], fids: list[int]
+               ) -> dict[int, Columns]:
     """A table of `_fid` and `names` brought to Python through Arrow, as sorted Columns per
-    history (every one of `fids`, empty where it has no rows; each row once if `distinct`): no
-    Python object per row.
+    history (every one of `fids`, empty where it has no rows): no Python object per row.
 
     Columns missing from the table are fields of its column `rows`, a list of structs: rows
     packed per row of the table (whose other columns they share), which the driver receives in
@@ -1107,12 +1103,9 @@ def _collected(df: DataFrame, names: tuple[str, ...], texts: tuple[str, ...], fi
     every = Columns(names, cols, texts)
     fid_of, repeats = column("_fid")
     fid_of = fid_of.to_numpy() if repeats is None else np.repeat(fid_of.to_numpy(), repeats)
-    def ordered(rows: Columns) -> Columns:
-        return rows.sorted().distinct() if distinct else rows.sorted()
-
     if len(fids) == 1 and bool((fid_of == fids[0]).all()):
-        return {fids[0]: ordered(every)}  # one history's: no copy of its rows to pick them
-    return {fid: ordered(every.take(fid_of == fid)) for fid in fids}
+        return {fids[0]: every.sorted()}  # one history's: no copy of its rows to pick them
+    return {fid: every.take(fid_of == fid).sorted() for fid in fids}
 
 
 def _analysis(history: Histories, fid: int, found: dict[str, tuple[int, int, list[str]]], dependencies: list,

@@ -37,8 +37,7 @@ class Columns(Sequence):
 
     In: column names, and per column its array (int) or (codes, labels) (text). Out: a sequence of
     row tuples (ints and strs, as the Python engine's lists hold them; equal to such a list with
-    the same rows in the same order), `ints(name)`, `codes(name)`, `take(index)`, `sorted()`,
-    `distinct()`.
+    the same rows in the same order), `ints(name)`, `codes(name)`, `take(index)`, `sorted()`.
     """
 
     def __init__(self, names: tuple[str, ...], columns: list, texts: tuple[str, ...] = ()) -> None:
@@ -104,18 +103,6 @@ class Columns(Sequence):
                 span = high - low + 1
         order = np.argsort(packed[0], kind="stable") if len(packed) == 1 else np.lexsort(packed[::-1])
         return self.take(order)
-
-    def distinct(self) -> "Columns":
-        """The rows without those equal to the row before them: of sorted rows, each row once."""
-        if self._len < 2:
-            return self
-        keep = np.ones(self._len, dtype=bool)
-        same = np.ones(self._len - 1, dtype=bool)
-        for name in self.names:
-            col = self._cols[name][0] if name in self.texts else self._cols[name]
-            same &= col[1:] == col[:-1]
-        keep[1:] = ~same
-        return self if keep.all() else self.take(keep)
 
     def _column_list(self, name: str, index) -> list:
         if name in self.texts:

@@ -390,19 +390,3 @@ def test_a_pure_write_read_cycle_is_g1c_and_forbidden(tmp_path):
     # both sends landing before both polls is a legal interleaving.
     plain = model_for_settings(DEFAULT_PRODUCER, "assign", {}, [], DEFAULT_CONSUMER)
     assert checked(tmp_path, each_reads_the_other(), plain)["valid"] is True
-
-
-# Few distinct values a column, so that rows repeat (an edge found twice: an operation that read
-# two values of one writer).
-_repeating_rows = st.lists(st.tuples(st.integers(0, 2), st.sampled_from([-(2 ** 63), 0, 2 ** 63 - 1]),
-                                     st.sampled_from(["wr", "ww"]), st.sampled_from(["k1", "k0"])),
-                           max_size=30)
-
-
-@settings(max_examples=300, deadline=None)
-@given(rows=_repeating_rows)
-def test_sorted_columns_made_distinct_hold_each_row_once(rows):
-    table = Columns.from_rows(("src", "dst", "kind", "key"), rows, texts=("kind", "key"))
-    assert table.sorted().distinct() == sorted(set(rows))
-    # Unsorted, only a row equal to the one before it goes.
-    assert table.distinct() == [r for i, r in enumerate(rows) if i == 0 or r != rows[i - 1]]
