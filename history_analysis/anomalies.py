@@ -489,14 +489,16 @@ _NO_FILL = f"CAST(NULL AS {_FILL}) AS fill"
 _NARROW = ("_fid", "key", "kind", "op", "invoke", "process", "type", "offset", "value", "pos", "rolled_back", "moved",
            "acked", "lo", "rank", "at", "senders", "send_op", "last_send_op")
 
+# A fact whose value the complete final log of its key, whose end is known, does not hold at its offset.
+_FINAL_LACKS = "complete AND final_end IS NOT NULL AND NOT array_contains(fvalues, value)"
+
 # The rows of the facts each of these witness queries reads, by the type it finds (or the first of
 # several): few in a correct history. `_all_witnesses` materialises the facts that meet any of
 # them once, and these queries read that small table instead of every fact each.
 _SUSPECTS = {
     # Every acknowledged send that a poll passed or that the complete final log lacks: what
     # _lost_write asks of a value's sends is asked of these alone.
-    "lost-write": "acked AND ((NOT was_read AND passed IS NOT NULL) "
-                  "OR (complete AND final_end IS NOT NULL AND NOT array_contains(fvalues, value)))",
+    "lost-write": f"acked AND ((NOT was_read AND passed IS NOT NULL) OR ({_FINAL_LACKS}))",
     "unseen": "kind = 's' AND (acked OR type = 'ok') AND NOT was_read_ok",
     # and resent-duplicate, inconsistent-offsets, reused-offset: a value at two offsets, or an
     # offset holding two values.
@@ -712,8 +714,7 @@ def _lost_write(facts: DataFrame) -> DataFrame:
     by_value = "OVER (PARTITION BY _fid, key, value)"
     rows = facts.filter(_SUSPECTS["lost-write"]).selectExpr(
         "*", f"max(acked AND passed IS NOT NULL) {by_value} AS passed_any",
-        f"min(CASE WHEN complete AND final_end IS NOT NULL AND NOT array_contains(fvalues, value) "
-        f"THEN struct(NOT completed AS late, op, pos) END) {by_value} AS first_missing")
+        f"min(CASE WHEN {_FINAL_LACKS} THEN struct(NOT completed AS late, op, pos) END) {by_value} AS first_missing")
     return _witnesses(rows, [
         ("lost-write", passed_over,
          "'key', key, 'value', value, 'offset', offset, 'send_op', op, 'read_op', passed.op, "
@@ -894,12 +895,13 @@ def _dependencies(facts: DataFrame) -> tuple[DataFrame, DataFrame]:
           .filter("src != dst").select("_fid", "key", "src", "dst").distinct())
     # An operation's invoke, process and type are its own: taken by the operation alone, as numbers, a
     # hash aggregate of longs (1M operations: 2.4-2.5 s, 2.7-2.9 s as a distinct of all four).
+    code = {t: i for i, t in enumerate(COMPLETIONS)}
+    as_code = "CASE type " + " ".join(f"WHEN '{t}' THEN {i}" for t, i in code.items()) + " END"
+    as_type = "CASE t " + " ".join(f"WHEN {i} THEN '{t}'" for t, i in code.items()) + " END"
     hubs = (facts.filter("kind = 'r' OR (kind = 's' AND at IS NOT NULL)").groupBy("_fid", "op")
             .agg(F.expr("max(invoke) AS invoke"), F.expr("max(CAST(process AS LONG)) AS process"),
-                 F.expr("max(CASE type " + " ".join(f"WHEN '{t}' THEN {i}" for i, t in enumerate(COMPLETIONS))
-                        + " END) AS t"))
-            .selectExpr("_fid", "op", "invoke", "CAST(process AS STRING) AS process",
-                        "CASE t " + " ".join(f"WHEN {i} THEN '{t}'" for i, t in enumerate(COMPLETIONS)) + " END AS type"))
+                 F.expr(f"max({as_code}) AS t"))
+            .selectExpr("_fid", "op", "invoke", "CAST(process AS STRING) AS process", f"{as_type} AS type"))
     edges = (ww.selectExpr("_fid", "key", "'ww' AS kind", "src", "dst")
              .unionByName(wr.selectExpr("_fid", "key", "'wr' AS kind", "src", "dst"))
              .groupBy("_fid", "key", "kind", F.expr(f"pmod(hash(src, dst), {_CHUNKS}) AS chunk"))
